@@ -1,0 +1,45 @@
+# dprflow: `make run` sets up .venv and runs the workflow; `make test` sets up and runs the tests.
+# Other configs: make run CONFIG=config/examples/cranfield.yaml. Cores: make run CORES=8.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+CONFIG ?= config/config.yaml
+CORES ?= 2
+SNAKEMAKE_ARGS ?=
+
+.PHONY: setup run dry-run test lint format bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+run: setup
+	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG) $(SNAKEMAKE_ARGS)
+
+dry-run: setup
+	$(BIN)/snakemake -n --cores $(CORES) --configfile $(CONFIG)
+
+test: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+lint: setup
+	$(BIN)/ruff check src tests bench
+	$(BIN)/snakemake --lint --cores 1
+	$(BIN)/snakefmt --check Snakefile rules
+
+format: setup
+	$(BIN)/ruff format src tests bench
+	$(BIN)/ruff check --fix src tests bench
+	$(BIN)/snakefmt Snakefile rules
+
+bench: setup
+	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	$(BIN)/python bench/summarize.py
+
+clean:
+	rm -rf results .snakemake

@@ -1,0 +1,34 @@
+# dprflow: dense passage retrieval pre-training and fine-tuning, end to end.
+# This file only sets things up; each stage family's rules live in rules/<family>.smk and each
+# rule runs one module, python -m dprflow.stages.<rule>.
+
+from snakemake.utils import min_version
+
+min_version("8.20")
+
+
+# The default config, unless the command line names its own (--configfile replaces it whole, so a
+# config file for another collection does not inherit the default collection).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+
+
+validate_config(config, os.path.join(workflow.basedir, "config", "schema.yaml"))
+
+
+include: "rules/collections.smk"
+include: "rules/bm25.smk"
+include: "rules/retriever.smk"
+include: "rules/reranker.smk"
+include: "rules/evaluation.smk"
+
+
+rule all:
+    input:
+        rules.compare.output,
+        nb_recall_files(),
+    default_target: True

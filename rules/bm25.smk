@@ -1,0 +1,82 @@
+# BM25 with Lucene (Anserini): the index, the evaluation run, and the training negatives (K1).
+
+
+rule bm25_index:
+    input:
+        code=stage_code("bm25_index"),
+        passages=rules.split_passages.output.passages,
+    output:
+        index=directory(f"{RESULTS}/{{collection}}/bm25/index"),
+    log:
+        f"{LOGS}/{{collection}}/bm25_index.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/bm25_index.tsv"
+    threads: 2
+    resources:
+        mem_mb=6000,
+        runtime=60,
+    conda:
+        "../envs/bm25.yaml"
+    shell:
+        "python -m dprflow.stages.bm25_index --passages {input.passages} --index {output.index}"
+        " --threads {threads} > {log} 2>&1"
+
+
+rule bm25_search:
+    input:
+        code=stage_code("bm25_search"),
+        index=rules.bm25_index.output.index,
+        queries=rules.ingest.output.queries,
+    output:
+        run=f"{RESULTS}/{{collection}}/bm25/run.parquet",
+        trec=f"{RESULTS}/{{collection}}/bm25/run.trec",
+    params:
+        split=eval_split,
+        k=config["bm25"]["hits"],
+        k1=config["bm25"]["k1"],
+        b=config["bm25"]["b"],
+    log:
+        f"{LOGS}/{{collection}}/bm25_search.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/bm25_search.tsv"
+    threads: 2
+    resources:
+        mem_mb=6000,
+        runtime=60,
+    conda:
+        "../envs/bm25.yaml"
+    shell:
+        "python -m dprflow.stages.bm25_search --index {input.index} --queries {input.queries}"
+        " --split {params.split} --out {output.run} --trec {output.trec} --k {params.k}"
+        " --k1 {params.k1} --b {params.b} --threads {threads} > {log} 2>&1"
+
+
+rule bm25_negatives:
+    input:
+        code=stage_code("bm25_negatives"),
+        index=rules.bm25_index.output.index,
+        queries=rules.ingest.output.queries,
+        qrels=rules.ingest.output.qrels,
+        passages=rules.split_passages.output.passages,
+    output:
+        negatives=f"{RESULTS}/{{collection}}/bm25/negatives.parquet",
+    params:
+        split=train_split,
+        depth=config["bm25"]["negatives_depth"],
+        k1=config["bm25"]["k1"],
+        b=config["bm25"]["b"],
+    log:
+        f"{LOGS}/{{collection}}/bm25_negatives.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/bm25_negatives.tsv"
+    threads: 2
+    resources:
+        mem_mb=6000,
+        runtime=60,
+    conda:
+        "../envs/bm25.yaml"
+    shell:
+        "python -m dprflow.stages.bm25_negatives --index {input.index} --queries {input.queries}"
+        " --qrels {input.qrels} --passages {input.passages} --split {params.split}"
+        " --out {output.negatives} --depth {params.depth} --k1 {params.k1} --b {params.b}"
+        " --threads {threads} > {log} 2>&1"

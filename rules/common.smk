@@ -1,0 +1,185 @@
+# Helpers for the DAG: paths, config look-ups and target lists. No rule lives here.
+
+import json
+import os
+import sys
+
+# The stage modules run as `python -m dprflow.stages.<rule>`; make the package importable in every
+# job (local, conda or cluster) without requiring it to be installed.
+SRC = os.path.join(workflow.basedir, "src")
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p)
+sys.path.insert(0, SRC)
+
+from dprflow.config import validate_config  # noqa: E402
+
+RESULTS = "results"
+LOGS = f"{RESULTS}/logs"
+BENCHMARKS = f"{RESULTS}/benchmarks"
+STAGES = ["zeroshot", "r1", "r2", "rerank", "distill"]
+
+
+wildcard_constraints:
+    collection="[A-Za-z0-9_-]+",
+    method="[A-Za-z0-9_-]+",
+    system="bm25|[A-Za-z0-9_-]+/(" + "|".join(STAGES) + ")",
+
+
+def stage_code(name):
+    """The stage module's file: an input of its rule, so editing the stage reruns it."""
+    return os.path.join(SRC, "dprflow", "stages", f"{name}.py")
+
+
+def collection_spec(wildcards):
+    return config["collections"][wildcards.collection]
+
+
+def collection_dir(wildcards):
+    return f"{RESULTS}/{wildcards.collection}"
+
+
+def ingest_out_dir(wildcards):
+    return f"{RESULTS}/{wildcards.collection}/collection"
+
+
+def ingest_inputs(wildcards):
+    """BEIR files are inputs (a changed file reruns ingest); other sources have none."""
+    spec = collection_spec(wildcards)
+    if spec["source"] != "beir":
+        return []
+    root = spec["path"]
+    files = [os.path.join(root, "corpus.jsonl"), os.path.join(root, "queries.jsonl")]
+    files += [os.path.join(root, "qrels", f"{s}.tsv") for s in ("train", "dev", "test")
+              if os.path.exists(os.path.join(root, "qrels", f"{s}.tsv"))]
+    return files
+
+
+def ingest_flags(wildcards):
+    spec = collection_spec(wildcards)
+    flags = [f"--source {spec['source']}"]
+    if spec["source"] == "embedded" and spec.get("max_documents") is not None:
+        flags.append(f"--max-documents {spec['max_documents']}")
+    if spec["source"] == "beir":
+        flags.append(f"--path '{spec['path']}'")
+    if spec["source"] == "ir_datasets":
+        flags.append("--ir-datasets '" + json.dumps(spec["ir_datasets"]) + "'")
+    return " ".join(flags)
+
+
+def eval_split(wildcards):
+    return collection_spec(wildcards)["eval_split"]
+
+
+def train_split(wildcards):
+    return collection_spec(wildcards)["train_split"]
+
+
+def systems():
+    """Every evaluated row of the comparison: BM25, the initial model off the shelf, and each
+    method's fine-tuning stages."""
+    rows = ["bm25", "none/zeroshot"]
+    for method in config["methods"]:
+        rows += [f"{method}/{stage}" for stage in ("r1", "r2", "rerank", "distill")]
+    return rows
+
+
+def nb_recall_files():
+    return [f"{RESULTS}/{c}/{m}/nb_recall.parquet" for c in config["collections"] for m in config["methods"]]
+
+
+def metrics_files():
+    return [f"{RESULTS}/{c}/{s}/metrics.parquet" for c in config["collections"] for s in systems()]
+
+
+# ---- the fine-tuning pipeline ---------------------------------------------------------------
+
+FT = config["finetune"]
+RETRIEVERS = ["zeroshot", "r1", "r2", "distill"]
+
+
+wildcard_constraints:
+    retriever="|".join(RETRIEVERS),
+    trained="r1|r2|distill",
+    shard="[0-9]+",
+
+
+def method_init(wildcards):
+    """The checkpoint a method's fine-tuning starts from (method none: model.init itself)."""
+    return config["model"]["init"]
+
+
+def shards():
+    return list(range(FT["encode_shards"]))
+
+
+def encoder_inputs(wildcards):
+    """The trained model folder of a retriever; none for the off-the-shelf model."""
+    if wildcards.retriever == "zeroshot":
+        return []
+    return f"{RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}/model"
+
+
+def encoder_flags(wildcards):
+    if wildcards.retriever == "zeroshot":
+        return f"--model {config['model']['init']} --pooling {config['model']['zeroshot_pooling']}"
+    return f"--model {RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}/model"
+
+
+def embedding_shards(wildcards):
+    base = f"{RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}"
+    return [f"{base}/embeddings/shard_{s}.parquet" for s in shards()]
+
+
+def train_depth():
+    """Training-query runs feed mining (K2) and the reranker (K3)."""
+    return max(FT["mining_depth"], FT["reranker"]["depth"])
+
+
+def retriever_inputs(wildcards):
+    """Negative pools (and teacher scores) of each trained retriever."""
+    base = f"{RESULTS}/{wildcards.collection}"
+    method = f"{base}/{wildcards.method}"
+    if wildcards.trained == "r1":
+        return {"negatives": f"{base}/bm25/negatives.parquet"}
+    if wildcards.trained == "r2":
+        out = {"negatives": f"{method}/r1/negatives.parquet"}
+        if FT["r2_bm25_fraction"] > 0:
+            out["extra"] = f"{base}/bm25/negatives.parquet"
+        return out
+    return {"negatives": f"{method}/r2/negatives.parquet", "teacher": f"{method}/rerank/teacher_scores.parquet"}
+
+
+def retriever_flags(wildcards, input):
+    """Hyper-parameters of one trained retriever (distillation has its own section)."""
+    common = (f"--pooling {FT['pooling']} --shared {str(FT['shared_encoder']).lower()} --seed {FT['seed']}"
+              f" --max-query-length {FT['max_query_length']} --max-passage-length {FT['max_passage_length']}"
+              f" --checkpoint-every {FT['checkpoint_every']}")
+    if wildcards.trained == "distill":
+        d = FT["distill"]
+        flags = (f" --teacher {input.teacher} --alpha {d['alpha']} --direction {d['direction']}"
+                 f" --temperature {d['temperature']}")
+    else:
+        d = FT["retriever"]
+        flags = f" --temperature {d['temperature']}"
+        if "extra" in input.keys():
+            flags += f" --extra-negatives {input.extra} --extra-fraction {FT['r2_bm25_fraction']}"
+    return common + flags + optim_flags(d)
+
+
+def optim_flags(section):
+    return (f" --batch-size {section['batch_size']} --group-size {section['group_size']}"
+            f" --learning-rate {section['learning_rate']} --weight-decay {section['weight_decay']}"
+            f" --warmup-ratio {section['warmup_ratio']} --epochs {section['epochs']}"
+            f" --max-steps {section['max_steps']}")
+
+
+def mining_depth(wildcards):
+    return FT["mining_depth"] if wildcards.trained == "r1" else FT["reranker"]["depth"]
+
+
+def reranker_init():
+    return FT["reranker"]["init"] or config["model"]["init"]
+
+
+def reranker_flags():
+    r = FT["reranker"]
+    return optim_flags(r) + f" --max-length {r['max_length']} --seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}"

@@ -1,0 +1,56 @@
+# Evaluation: per-query metrics of every run, then one comparison table over all of them.
+
+
+rule evaluate:
+    input:
+        code=stage_code("evaluate"),
+        run=f"{RESULTS}/{{collection}}/{{system}}/run.parquet",
+        passages=rules.split_passages.output.passages,
+        queries=rules.ingest.output.queries,
+        qrels=rules.ingest.output.qrels,
+    output:
+        metrics=f"{RESULTS}/{{collection}}/{{system}}/metrics.parquet",
+    params:
+        split=eval_split,
+        metrics=" ".join(config["evaluation"]["metrics"]),
+    log:
+        f"{LOGS}/{{collection}}/evaluate/{{system}}.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/evaluate/{{system}}.tsv"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    conda:
+        "../envs/evaluation.yaml"
+    shell:
+        "python -m dprflow.stages.evaluate --run {input.run} --passages {input.passages}"
+        " --queries {input.queries} --qrels {input.qrels} --split {params.split}"
+        " --out {output.metrics} --metrics {params.metrics} > {log} 2>&1"
+
+
+rule compare:
+    input:
+        code=stage_code("compare"),
+        metrics=metrics_files(),
+    output:
+        md=f"{RESULTS}/compare.md",
+        csv=f"{RESULTS}/compare.csv",
+    params:
+        metrics=" ".join(config["evaluation"]["metrics"]),
+        methods=" ".join(config["methods"]),
+        baseline=config["evaluation"]["baseline"],
+    log:
+        f"{LOGS}/compare.log",
+    benchmark:
+        f"{BENCHMARKS}/compare.tsv"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    conda:
+        "../envs/evaluation.yaml"
+    shell:
+        "python -m dprflow.stages.compare --metrics-files {input.metrics} --results-dir {RESULTS}"
+        " --out-md {output.md} --out-csv {output.csv} --metrics {params.metrics}"
+        " --methods {params.methods} --baseline {params.baseline} > {log} 2>&1"

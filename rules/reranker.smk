@@ -1,0 +1,94 @@
+# The cross-encoder reranker: training on retriever-2 negatives (K3), reranking retriever 2's
+# evaluation run, and scoring training candidates as soft labels for the distilled retriever.
+
+
+rule train_reranker:
+    input:
+        code=stage_code("train_reranker"),
+        queries=rules.ingest.output.queries,
+        qrels=rules.ingest.output.qrels,
+        passages=rules.split_passages.output.passages,
+        negatives=f"{RESULTS}/{{collection}}/{{method}}/r2/negatives.parquet",
+    output:
+        model=directory(f"{RESULTS}/{{collection}}/{{method}}/rerank/model"),
+    params:
+        init=reranker_init(),
+        split=train_split,
+        flags=reranker_flags(),
+        checkpoints=f"{RESULTS}/{{collection}}/{{method}}/rerank/checkpoints",
+    log:
+        f"{LOGS}/{{collection}}/{{method}}/train_reranker.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/{{method}}/train_reranker.tsv"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=240,
+    conda:
+        "../envs/training.yaml"
+    shell:
+        "python -m dprflow.stages.train_reranker --init {params.init} --queries {input.queries}"
+        " --qrels {input.qrels} --passages {input.passages} --negatives {input.negatives}"
+        " --split {params.split} --out {output.model} --checkpoint-dir {params.checkpoints}"
+        " {params.flags} --threads {threads} > {log} 2>&1"
+
+
+rule rerank:
+    input:
+        code=stage_code("rerank"),
+        model=rules.train_reranker.output.model,
+        run=f"{RESULTS}/{{collection}}/{{method}}/r2/run.parquet",
+        queries=rules.ingest.output.queries,
+        passages=rules.split_passages.output.passages,
+    output:
+        run=f"{RESULTS}/{{collection}}/{{method}}/rerank/run.parquet",
+        trec=f"{RESULTS}/{{collection}}/{{method}}/rerank/run.trec",
+    params:
+        depth=FT["reranker"]["depth"],
+        max_length=FT["reranker"]["max_length"],
+    log:
+        f"{LOGS}/{{collection}}/{{method}}/rerank.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/{{method}}/rerank.tsv"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=120,
+    conda:
+        "../envs/training.yaml"
+    shell:
+        "python -m dprflow.stages.rerank --model {input.model} --run {input.run}"
+        " --queries {input.queries} --passages {input.passages} --out {output.run}"
+        " --trec {output.trec} --depth {params.depth} --max-length {params.max_length}"
+        " --threads {threads} > {log} 2>&1"
+
+
+rule score_candidates:
+    input:
+        code=stage_code("score_candidates"),
+        model=rules.train_reranker.output.model,
+        negatives=f"{RESULTS}/{{collection}}/{{method}}/r2/negatives.parquet",
+        queries=rules.ingest.output.queries,
+        qrels=rules.ingest.output.qrels,
+        passages=rules.split_passages.output.passages,
+    output:
+        scores=f"{RESULTS}/{{collection}}/{{method}}/rerank/teacher_scores.parquet",
+    params:
+        split=train_split,
+        candidates=FT["distill"]["candidates"],
+        max_length=FT["reranker"]["max_length"],
+    log:
+        f"{LOGS}/{{collection}}/{{method}}/score_candidates.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/{{method}}/score_candidates.tsv"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=120,
+    conda:
+        "../envs/training.yaml"
+    shell:
+        "python -m dprflow.stages.score_candidates --model {input.model} --negatives {input.negatives}"
+        " --queries {input.queries} --qrels {input.qrels} --passages {input.passages}"
+        " --out {output.scores} --split {params.split} --candidates {params.candidates}"
+        " --max-length {params.max_length} --threads {threads} > {log} 2>&1"

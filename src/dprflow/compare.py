@@ -1,0 +1,136 @@
+"""The comparison table: every system on every collection, beside the reference rows.
+
+Input is the per-query metric tables written by the ``evaluate`` stage, one per (collection,
+system). Output is a long table (``collection, system, metric, value, n_queries`` plus the
+significance columns) for programs, and a Markdown table for people.
+
+Significance: each row is compared with each reference row (the configured baseline, BM25 by
+default, and the off-the-shelf model ``none/zeroshot``) by a two-sided paired t-test over the
+queries, per collection and metric; the p-values of one (collection, metric, reference) family are
+corrected for multiple comparisons with Holm-Bonferroni, as PyTerrier's ``Experiment`` does with
+``correction='holm'``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+STAGE_ORDER = ["zeroshot", "r1", "r2", "rerank", "distill"]
+ALPHA = 0.05
+
+
+def system_sort_key(system: str, methods: list[str]) -> tuple:
+    if system == "bm25":
+        return (0, 0, 0, system)
+    method, _, stage = system.partition("/")
+    m = methods.index(method) if method in methods else len(methods)
+    s = STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER)
+    return (1, m, s, system)
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (NaN entries are left out and stay NaN)."""
+    idx = [i for i, p in enumerate(pvalues) if not math.isnan(p)]
+    order = sorted(idx, key=lambda i: pvalues[i])
+    m = len(order)
+    adjusted = [float("nan")] * len(pvalues)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def paired_ttest(a: pd.Series, b: pd.Series) -> float:
+    """Two-sided paired t-test p-value over the queries both have; NaN when undefined."""
+    joined = pd.concat([a, b], axis=1, join="inner").dropna()
+    if len(joined) < 2:
+        return float("nan")
+    diff = joined.iloc[:, 0] - joined.iloc[:, 1]
+    if np.allclose(diff, 0):
+        return 1.0
+    return float(stats.ttest_rel(joined.iloc[:, 0], joined.iloc[:, 1]).pvalue)
+
+
+def build_comparison(
+    per_query: dict[tuple[str, str], pd.DataFrame], references: list[str]
+) -> pd.DataFrame:
+    """Long table of aggregates and significance against each reference system.
+
+    ``per_query`` maps (collection, system) to a (query_id, metric, value) table. For each reference
+    R, the columns ``p_<R>`` (Holm-adjusted p-value) and ``delta_<R>`` (value minus R's) are added;
+    they are NaN for R itself or when R is absent from the collection.
+    """
+    rows = []
+    for (collection, system), table in per_query.items():
+        for metric, group in table.groupby("metric", sort=False):
+            rows.append((collection, system, metric, float(group["value"].mean()), int(group["query_id"].nunique())))
+    out = pd.DataFrame(rows, columns=["collection", "system", "metric", "value", "n_queries"])
+    for ref in references:
+        key = ref.replace("/", "_")
+        out[f"delta_{key}"] = np.nan
+        out[f"p_{key}"] = np.nan
+        for (collection, metric), idx in out.groupby(["collection", "metric"]).groups.items():
+            if (collection, ref) not in per_query:
+                continue
+            ref_table = per_query[(collection, ref)]
+            ref_values = ref_table[ref_table["metric"] == metric].set_index("query_id")["value"]
+            raw, where = [], []
+            for i in idx:
+                system = out.at[i, "system"]
+                if system == ref:
+                    continue
+                table = per_query[(collection, system)]
+                values = table[table["metric"] == metric].set_index("query_id")["value"]
+                raw.append(paired_ttest(values, ref_values))
+                where.append(i)
+                out.at[i, f"delta_{key}"] = out.at[i, "value"] - float(ref_values.mean())
+            for i, p in zip(where, holm(raw), strict=True):
+                out.at[i, f"p_{key}"] = p
+    return out
+
+
+def _marker(row: pd.Series, references: list[str], letters: dict[str, str]) -> str:
+    marks = []
+    for ref in references:
+        key = ref.replace("/", "_")
+        p = row.get(f"p_{key}", float("nan"))
+        if p == p and p < ALPHA:
+            marks.append(letters[ref] + ("↑" if row[f"delta_{key}"] > 0 else "↓"))
+    return (" " + " ".join(marks)) if marks else ""
+
+
+def to_markdown(table: pd.DataFrame, references: list[str], methods: list[str], metrics: list[str]) -> str:
+    """One row per system, one column per (collection, metric); significance markers in the cells."""
+    letters = {ref: ("b" if ref == references[0] else "z" if ref.endswith("zeroshot") else f"r{i}")
+               for i, ref in enumerate(references)}
+    collections = list(dict.fromkeys(table["collection"]))
+    metric_order = [m for m in metrics if m in set(table["metric"])]
+    systems = sorted(set(table["system"]), key=lambda s: system_sort_key(s, methods))
+    header = ["system"] + [f"{c} {m}" for c in collections for m in metric_order]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    indexed = table.set_index(["collection", "system", "metric"])
+    for system in systems:
+        cells = [system]
+        for c in collections:
+            for m in metric_order:
+                if (c, system, m) in indexed.index:
+                    row = indexed.loc[(c, system, m)]
+                    cells.append(f"{row['value']:.4f}{_marker(row, references, letters)}")
+                else:
+                    cells.append("–")
+        lines.append("| " + " | ".join(cells) + " |")
+    nq = table.groupby("collection")["n_queries"].max()
+    notes = [
+        "",
+        "Queries scored: " + ", ".join(f"{c}: {int(nq[c])}" for c in collections) + ".",
+        "Markers: paired two-sided t-test over queries against a reference row, Holm-corrected per "
+        f"collection, metric and reference, p < {ALPHA}: "
+        + "; ".join(f"{letters[r]}↑/{letters[r]}↓ better/worse than {r}" for r in references)
+        + ".",
+    ]
+    return "\n".join(lines + notes) + "\n"

@@ -1,0 +1,57 @@
+"""Scoring runs with ir_measures, per query.
+
+Retrieval ranks passages but qrels judge documents, so a passage run is first turned into a
+document run by MaxP: a document's score is its best passage's score (Dai and Callan, 2019; with
+one passage per document, as in MS MARCO passage, this changes nothing). Queries of the evaluated
+split that have at least one relevant judgment (relevance > 0) are scored; a query the run does
+not answer counts as 0 on every metric, so a system cannot gain by skipping hard queries.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import ir_measures
+import pandas as pd
+
+log = logging.getLogger(__name__)
+
+
+def passage_run_to_doc_run(run: pd.DataFrame, passages: pd.DataFrame) -> pd.DataFrame:
+    """MaxP aggregation: (query_id, passage_id, score) -> (query_id, doc_id, score)."""
+    parent = passages.set_index("passage_id")["doc_id"]
+    doc_ids = run["passage_id"].map(parent)
+    if doc_ids.isna().any():
+        missing = run.loc[doc_ids.isna(), "passage_id"].iloc[0]
+        raise ValueError(f"run names passage {missing!r}, which is not in the passages table")
+    out = pd.DataFrame({"query_id": run["query_id"], "doc_id": doc_ids, "score": run["score"].astype(float)})
+    return out.groupby(["query_id", "doc_id"], as_index=False, sort=False)["score"].max()
+
+
+def parse_metrics(names: list[str]) -> list:
+    measures = []
+    for name in names:
+        try:
+            measures.append(ir_measures.parse_measure(name))
+        except (ValueError, NameError, SyntaxError) as exc:
+            raise ValueError(f"unknown metric {name!r} (ir_measures names, e.g. RR@10, nDCG@10, R@1000)") from exc
+    return measures
+
+
+def evaluate_run(
+    doc_run: pd.DataFrame, qrels: pd.DataFrame, query_ids: list[str], metrics: list[str]
+) -> pd.DataFrame:
+    """Per-query metric values (query_id, metric, value) over the judged queries among ``query_ids``."""
+    measures = parse_metrics(metrics)
+    qrels = qrels[qrels["query_id"].isin(set(query_ids))]
+    judged = sorted(set(qrels.loc[qrels["relevance"] > 0, "query_id"]))
+    qrels = qrels[qrels["query_id"].isin(judged)]
+    run = doc_run[doc_run["query_id"].isin(judged)]
+    values = {(qid, str(m)): 0.0 for qid in judged for m in measures}
+    for metric in ir_measures.iter_calc(measures, qrels, run):
+        values[(metric.query_id, str(metric.measure))] = float(metric.value)
+    unanswered = len(set(judged) - set(run["query_id"]))
+    if unanswered:
+        log.info("%d of %d judged queries have no results in the run: scored 0", unanswered, len(judged))
+    rows = [(qid, m, v) for (qid, m), v in values.items()]
+    return pd.DataFrame(rows, columns=["query_id", "metric", "value"])

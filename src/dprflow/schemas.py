@@ -1,0 +1,130 @@
+"""Every Parquet table that crosses a stage boundary, declared once.
+
+Reading and writing go through :func:`read_table` and :func:`write_table`, which check the
+columns and their types against the declaration and name the file and column (or row) when
+something is wrong. Writes are atomic: the table goes to a temporary file beside the target and
+is renamed into place only when it is complete, so a failed stage leaves nothing that looks
+finished.
+
+Column names follow ir_measures (``query_id``, ``doc_id``, ``relevance``, ``score``) so that
+evaluation needs no conversion. Retrieval happens over *passages*; ``doc_id`` always names a
+document of the collection (qrels are judged on documents) and ``passage_id`` a retrieval unit.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+STR = pa.string()
+I32 = pa.int32()
+I64 = pa.int64()
+F32 = pa.float32()
+
+SCHEMAS: dict[str, pa.Schema] = {
+    # ingest: one row per document of the collection.
+    "documents": pa.schema([("doc_id", STR), ("title", STR), ("text", STR)]),
+    # ingest: one row per query; split is train, dev, test, or "unjudged" (no qrels anywhere).
+    "queries": pa.schema([("query_id", STR), ("text", STR), ("split", STR)]),
+    # ingest: graded judgments on documents (relevance > 0 is relevant).
+    "qrels": pa.schema([("query_id", STR), ("doc_id", STR), ("relevance", I32)]),
+    # split_passages: retrieval units of at most N tokens, with their parent document.
+    "passages": pa.schema(
+        [("passage_id", STR), ("doc_id", STR), ("position", I32), ("title", STR), ("text", STR), ("n_tokens", I32)]
+    ),
+    # any retriever or reranker: ranked passages per query (rank starts at 1).
+    "run": pa.schema([("query_id", STR), ("passage_id", STR), ("score", F32), ("rank", I32)]),
+    # bm25_negatives / mine_negatives: candidate negatives per training query, positives removed.
+    "negatives": pa.schema([("query_id", STR), ("passage_id", STR), ("score", F32), ("rank", I32)]),
+    # score_candidates: reranker (teacher) scores of each training query's candidates.
+    "scores": pa.schema([("query_id", STR), ("passage_id", STR), ("score", F32)]),
+    # nb_recall: nb-recall^n@k of retriever 1 against retriever 2's neighbourhood.
+    "nb_recall": pa.schema([("n", I32), ("k", I32), ("value", pa.float64())]),
+    # evaluate: per-query values of every metric (ir_measures names), the aggregate is their mean.
+    "metrics": pa.schema([("query_id", STR), ("metric", STR), ("value", pa.float64())]),
+}
+
+
+class SchemaError(ValueError):
+    """A table does not match its declared schema (the message names the file and column or row)."""
+
+
+def schema(name: str) -> pa.Schema:
+    try:
+        return SCHEMAS[name]
+    except KeyError:
+        raise ValueError(f"unknown table schema {name!r}; known: {', '.join(sorted(SCHEMAS))}") from None
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _conform(df: pd.DataFrame, name: str, where: str) -> pa.Table:
+    target = schema(name)
+    missing = [f.name for f in target if f.name not in df.columns]
+    if missing:
+        raise SchemaError(f"{where}: table {name!r} lacks column(s) {missing}; has {list(df.columns)}")
+    extra = [c for c in df.columns if c not in target.names]
+    if extra:
+        raise SchemaError(f"{where}: table {name!r} has unexpected column(s) {extra}; expected {target.names}")
+    arrays = []
+    for field in target:
+        col = df[field.name]
+        if col.isna().any():
+            row = int(col.isna().to_numpy().nonzero()[0][0])
+            raise SchemaError(f"{where}: column {field.name!r} of {name!r} is null at row {row}")
+        try:
+            arrays.append(pa.array(col.to_numpy() if not pa.types.is_string(field.type) else col.tolist(),
+                                   type=field.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
+            raise SchemaError(
+                f"{where}: column {field.name!r} of {name!r} cannot be stored as {field.type} ({exc})"
+            ) from exc
+    return pa.Table.from_arrays(arrays, schema=target)
+
+
+def write_table(df: pd.DataFrame, path: str | os.PathLike, name: str) -> Path:
+    """Check ``df`` against schema ``name`` and write it atomically to ``path`` as Parquet."""
+    table = _conform(df.reset_index(drop=True), name, str(path))
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+    return Path(path)
+
+
+def read_table(path: str | os.PathLike, name: str) -> pd.DataFrame:
+    """Read a Parquet table and check that its columns and types match schema ``name``."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such table (expected a {name!r} table)")
+    target = schema(name)
+    try:
+        actual = pq.read_schema(path)
+    except pa.ArrowException as exc:
+        raise SchemaError(f"{path}: not a readable Parquet file ({exc})") from exc
+    for field in target:
+        if field.name not in actual.names:
+            raise SchemaError(f"{path}: table {name!r} lacks column {field.name!r}; has {actual.names}")
+        got = actual.field(field.name).type
+        if not got.equals(field.type) and not (pa.types.is_string(field.type) and pa.types.is_large_string(got)):
+            raise SchemaError(f"{path}: column {field.name!r} has type {got}, expected {field.type}")
+    return pq.read_table(path, columns=target.names).to_pandas()

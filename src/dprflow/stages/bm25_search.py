@@ -1,0 +1,52 @@
+"""Stage ``bm25_search``: a BM25 run of the evaluation queries (Parquet and TREC)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+
+from dprflow import bm25
+from dprflow.cli import StageError, run_stage
+from dprflow.runs import write_run
+from dprflow.schemas import read_table
+
+log = logging.getLogger("dprflow.bm25_search")
+
+
+@dataclass
+class Args:
+    """Search the Lucene index with one split's queries."""
+
+    index: str = field(metadata={"help": "the Lucene index folder"})
+    queries: str = field(metadata={"help": "queries.parquet"})
+    split: str = field(metadata={"help": "query split to search"})
+    out: str = field(metadata={"help": "run.parquet to write"})
+    trec: str | None = field(default=None, metadata={"help": "TREC run file to write too"})
+    k: int = field(default=1000, metadata={"help": "hits per query"})
+    k1: float = field(default=0.9, metadata={"help": "BM25 k1"})
+    b: float = field(default=0.4, metadata={"help": "BM25 b"})
+    threads: int = field(default=1, metadata={"help": "search threads"})
+
+
+def split_queries(path: str, split: str):
+    queries = read_table(path, "queries")
+    chosen = queries[queries["split"] == split]
+    if chosen.empty:
+        raise StageError(f"{path}: no query of split {split!r}; splits: {sorted(set(queries['split']))}")
+    return chosen
+
+
+def search(args: Args) -> None:
+    queries = split_queries(args.queries, args.split)
+    run = bm25.search(args.index, queries[["query_id", "text"]], k=args.k, k1=args.k1, b=args.b, threads=args.threads)
+    write_run(run, args.out, args.trec, tag="bm25")
+    log.info("%d queries of split %s, %d answered, %d hits", len(queries), args.split, run["query_id"].nunique(), len(run))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(Args, search, argv, "bm25_search")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

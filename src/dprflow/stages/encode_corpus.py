@@ -1,0 +1,73 @@
+"""Stage ``encode_corpus``: one shard of the passages encoded into an embeddings file."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from dprflow.cli import StageError, run_stage
+from dprflow.finetune_data import passage_texts
+from dprflow.modeling.biencoder import BiEncoder, load_tokenizer
+from dprflow.retrieval import encode_texts, write_embeddings
+from dprflow.schemas import read_table
+
+log = logging.getLogger("dprflow.encode_corpus")
+
+
+@dataclass
+class Args:
+    """Encode shard i of n of the passages."""
+
+    model: str = field(metadata={"help": "bi-encoder folder or model.init"})
+    passages: str = field(metadata={"help": "passages.parquet"})
+    out: str = field(metadata={"help": "embeddings shard (Parquet) to write"})
+    shard: int = field(default=0, metadata={"help": "this shard's index, from 0"})
+    num_shards: int = field(default=1, metadata={"help": "number of shards"})
+    pooling: str | None = field(default=None, metadata={"help": "override the model's pooling (cls, mean)"})
+    max_length: int = field(default=144, metadata={"help": "passage tokens"})
+    batch_size: int = field(default=64, metadata={"help": "passages per batch"})
+    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
+
+    def check(self) -> None:
+        if not 0 <= self.shard < self.num_shards:
+            raise ValueError(f"--shard {self.shard} is outside 0..{self.num_shards - 1}")
+
+
+def shard_rows(n: int, shard: int, num_shards: int) -> slice:
+    bounds = np.linspace(0, n, num_shards + 1).astype(int)
+    return slice(int(bounds[shard]), int(bounds[shard + 1]))
+
+
+def model_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def encode(args: Args) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    passages = read_table(args.passages, "passages")
+    part = passages.iloc[shard_rows(len(passages), args.shard, args.num_shards)]
+    if part.empty:
+        raise StageError(f"{args.passages}: shard {args.shard} of {args.num_shards} is empty ({len(passages)} passages)")
+    tokenizer = load_tokenizer(args.model)
+    device = model_device()
+    model = BiEncoder.from_pretrained(args.model, pooling=args.pooling).to(device).eval()
+    texts = passage_texts(part, tokenizer.sep_token or "|")
+    emb = encode_texts([texts[p] for p in part["passage_id"]], tokenizer, model.encode_passage, args.max_length,
+                       batch_size=args.batch_size, device=device,
+                       autocast="bf16" if device.type == "cuda" else None)
+    write_embeddings(args.out, part["passage_id"].tolist(), emb)
+    log.info("shard %d/%d: %d passages, dimension %d, pooling %s", args.shard, args.num_shards, len(part),
+             emb.shape[1], model.pooling)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(Args, encode, argv, "encode_corpus")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

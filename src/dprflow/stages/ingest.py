@@ -1,0 +1,88 @@
+"""Stage ``ingest``: a named collection becomes documents.parquet, queries.parquet and qrels.parquet."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from dprflow.cli import StageError, run_stage
+from dprflow.collections import Collection
+from dprflow.schemas import write_table
+
+log = logging.getLogger("dprflow.ingest")
+
+
+@dataclass
+class Args:
+    """Load a test collection and write its three tables."""
+
+    source: str = field(metadata={"help": "embedded, beir or ir_datasets", "choices": ["embedded", "beir", "ir_datasets"]})
+    out_dir: str = field(metadata={"help": "folder for documents/queries/qrels.parquet"})
+    path: str | None = field(default=None, metadata={"help": "beir: the BEIR folder"})
+    ir_datasets: str | None = field(default=None, metadata={"help": "ir_datasets: JSON object split -> dataset id"})
+    max_documents: int | None = field(default=None, metadata={"help": "embedded: keep a stable subset"})
+
+    def check(self) -> None:
+        if self.source == "beir" and not self.path:
+            raise ValueError("--path is required with --source beir")
+        if self.source == "ir_datasets" and not self.ir_datasets:
+            raise ValueError("--ir-datasets is required with --source ir_datasets")
+
+
+def check_collection(col: Collection, where: str) -> None:
+    """Checks common to every source: unique ids, qrels naming known queries and documents."""
+    for name, table, key in (("documents", col.documents, "doc_id"), ("queries", col.queries, "query_id")):
+        dup = table[key].duplicated()
+        if dup.any():
+            row = int(dup.to_numpy().nonzero()[0][0])
+            raise StageError(f"{where}: duplicate {key} {table[key].iloc[row]!r} in {name} (row {row})")
+    for key, table in (("doc_id", col.documents), ("query_id", col.queries)):
+        unknown = ~col.qrels[key].isin(set(table[key]))
+        if unknown.any():
+            row = int(unknown.to_numpy().nonzero()[0][0])
+            raise StageError(f"{where}: qrels row {row} names unknown {key} {col.qrels[key].iloc[row]!r}")
+
+
+def load(args: Args) -> tuple[Collection, str]:
+    if args.source == "embedded":
+        from dprflow.collections.embedded import build_embedded
+
+        return build_embedded(max_documents=args.max_documents), f"embedded (Python {sys.version.split()[0]} stdlib)"
+    if args.source == "beir":
+        from dprflow.collections.beir import load_beir
+
+        return load_beir(args.path), args.path
+    from dprflow.collections.irds import load_ir_datasets
+
+    return load_ir_datasets(json.loads(args.ir_datasets)), args.ir_datasets
+
+
+def ingest(args: Args) -> None:
+    col, where = load(args)
+    check_collection(col, where)
+    out = Path(args.out_dir)
+    write_table(col.documents, out / "documents.parquet", "documents")
+    write_table(col.queries, out / "queries.parquet", "queries")
+    write_table(col.qrels, out / "qrels.parquet", "qrels")
+    splits = col.queries["split"].value_counts().to_dict()
+    log.info("collection %s: %d documents, %d queries %s, %d judgments", where, len(col.documents),
+             len(col.queries), splits, len(col.qrels))
+    for reason, n in sorted(col.counts.items()):
+        log.info("count %s: %d", reason, n)
+    empty = int((col.documents["title"].str.strip().eq("") & col.documents["text"].str.strip().eq("")).sum())
+    log.info("documents with empty title and text: %d (kept; split_passages gives them no passage)", empty)
+    if not len(col.documents) or not len(col.queries):
+        raise StageError(f"{where}: the collection has no documents or no queries")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(Args, ingest, argv, "ingest")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

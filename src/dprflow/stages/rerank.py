@@ -1,0 +1,60 @@
+"""Stage ``rerank``: the cross-encoder reorders the top K3 of retriever 2's evaluation run."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from dprflow.cli import run_stage
+from dprflow.finetune_data import passage_texts
+from dprflow.modeling.biencoder import load_tokenizer
+from dprflow.modeling.cross_encoder import CrossEncoder
+from dprflow.reranking import rerank_run, score_pairs
+from dprflow.runs import write_run
+from dprflow.schemas import read_table
+from dprflow.stages.encode_corpus import model_device
+
+log = logging.getLogger("dprflow.rerank")
+
+
+@dataclass
+class Args:
+    """Rerank a run with a cross-encoder."""
+
+    model: str = field(metadata={"help": "reranker folder"})
+    run: str = field(metadata={"help": "run.parquet to rerank"})
+    queries: str = field(metadata={"help": "queries.parquet"})
+    passages: str = field(metadata={"help": "passages.parquet"})
+    out: str = field(metadata={"help": "reranked run.parquet"})
+    trec: str = field(metadata={"help": "reranked TREC run"})
+    depth: int = field(default=100, metadata={"help": "K3: rerank this many per query"})
+    max_length: int = field(default=176, metadata={"help": "query + passage tokens"})
+    batch_size: int = field(default=64, metadata={"help": "pairs per batch"})
+    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
+
+
+def rerank(args: Args) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    run = read_table(args.run, "run")
+    queries = read_table(args.queries, "queries").set_index("query_id")["text"]
+    tokenizer = load_tokenizer(args.model)
+    texts = passage_texts(read_table(args.passages, "passages"), tokenizer.sep_token or "|")
+    device = model_device()
+    model = CrossEncoder.from_pretrained(args.model).to(device)
+    top = run[run["rank"] <= args.depth]
+    scores = score_pairs(model, tokenizer, top["query_id"].map(queries).tolist(),
+                         [texts[p] for p in top["passage_id"]], args.max_length, args.batch_size, device)
+    write_run(rerank_run(run, scores, args.depth), args.out, args.trec, tag="rerank")
+    log.info("reranked %d pairs of %d queries", len(top), top["query_id"].nunique())
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(Args, rerank, argv, "rerank")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Stage ``score_candidates``: the reranker labels each training query's positives and top
+candidates from retriever 2, the soft labels of the distilled retriever."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+
+from dprflow.cli import run_stage
+from dprflow.finetune_data import passage_texts
+from dprflow.modeling.biencoder import load_tokenizer
+from dprflow.modeling.cross_encoder import CrossEncoder
+from dprflow.reranking import score_pairs
+from dprflow.runs import positive_passages
+from dprflow.schemas import read_table, write_table
+from dprflow.stages.encode_corpus import model_device
+
+log = logging.getLogger("dprflow.score_candidates")
+
+
+@dataclass
+class Args:
+    """Teacher scores for distillation."""
+
+    model: str = field(metadata={"help": "reranker folder"})
+    negatives: str = field(metadata={"help": "negatives.parquet (retriever 2, top K3)"})
+    queries: str = field(metadata={"help": "queries.parquet"})
+    qrels: str = field(metadata={"help": "qrels.parquet"})
+    passages: str = field(metadata={"help": "passages.parquet"})
+    out: str = field(metadata={"help": "scores.parquet to write"})
+    split: str = field(default="train", metadata={"help": "training split"})
+    candidates: int = field(default=16, metadata={"help": "negatives scored per query (the top ones)"})
+    max_length: int = field(default=176, metadata={"help": "query + passage tokens"})
+    batch_size: int = field(default=64, metadata={"help": "pairs per batch"})
+    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
+
+
+def score(args: Args) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    queries = read_table(args.queries, "queries")
+    queries = queries[queries["split"] == args.split].set_index("query_id")["text"]
+    passages = read_table(args.passages, "passages")
+    negatives = read_table(args.negatives, "negatives")
+    negatives = negatives[(negatives["rank"] <= args.candidates) & negatives["query_id"].isin(queries.index)]
+    positives = positive_passages(read_table(args.qrels, "qrels"), passages)
+    positives = positives[positives["query_id"].isin(set(negatives["query_id"]))]
+    pairs = pd.concat([positives, negatives[["query_id", "passage_id"]]]).drop_duplicates(ignore_index=True)
+    tokenizer = load_tokenizer(args.model)
+    texts = passage_texts(passages, tokenizer.sep_token or "|")
+    device = model_device()
+    model = CrossEncoder.from_pretrained(args.model).to(device)
+    pairs["score"] = score_pairs(model, tokenizer, pairs["query_id"].map(queries).tolist(),
+                                 [texts[p] for p in pairs["passage_id"]], args.max_length, args.batch_size, device)
+    write_table(pairs, args.out, "scores")
+    log.info("scored %d pairs (%d positives) of %d queries", len(pairs), len(positives), pairs["query_id"].nunique())
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(Args, score, argv, "score_candidates")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Stage ``search_dense``: exact inner-product search (faiss) of the evaluation and training queries."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from dprflow.cli import StageError, run_stage
+from dprflow.modeling.biencoder import BiEncoder, load_tokenizer
+from dprflow.retrieval import FlatIndex, encode_texts, search_to_run
+from dprflow.runs import write_run
+from dprflow.schemas import read_table
+from dprflow.stages.encode_corpus import model_device
+
+log = logging.getLogger("dprflow.search_dense")
+
+
+@dataclass
+class Args:
+    """Search the encoded corpus shards with two query splits."""
+
+    model: str = field(metadata={"help": "bi-encoder folder or model.init"})
+    embeddings: list[str] = field(metadata={"help": "the corpus shards, all of them"})
+    queries: str = field(metadata={"help": "queries.parquet"})
+    out: str = field(metadata={"help": "run.parquet of the evaluation split"})
+    trec: str = field(metadata={"help": "TREC run file of the evaluation split"})
+    train_out: str = field(metadata={"help": "run.parquet of the training split (for mining)"})
+    eval_split: str = field(default="test", metadata={"help": "evaluation split"})
+    train_split: str = field(default="train", metadata={"help": "training split"})
+    depth: int = field(default=1000, metadata={"help": "hits per evaluation query"})
+    train_depth: int = field(default=200, metadata={"help": "hits per training query"})
+    pooling: str | None = field(default=None, metadata={"help": "override the model's pooling (cls, mean)"})
+    max_length: int = field(default=32, metadata={"help": "query tokens"})
+    batch_size: int = field(default=128, metadata={"help": "queries per encoding and search batch"})
+    tag: str = field(default="dprflow", metadata={"help": "TREC run tag"})
+    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
+
+
+def search(args: Args) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    index = FlatIndex.from_files(args.embeddings)
+    tokenizer = load_tokenizer(args.model)
+    device = model_device()
+    model = BiEncoder.from_pretrained(args.model, pooling=args.pooling).to(device).eval()
+    queries = read_table(args.queries, "queries")
+    for split, depth, out, trec in ((args.eval_split, args.depth, args.out, args.trec),
+                                    (args.train_split, args.train_depth, args.train_out, None)):
+        chosen = queries[queries["split"] == split]
+        if chosen.empty:
+            raise StageError(f"{args.queries}: no query of split {split!r}")
+        emb = encode_texts(chosen["text"].tolist(), tokenizer, model.encode_query, args.max_length,
+                           batch_size=args.batch_size, device=device)
+        run = search_to_run(index, chosen["query_id"].tolist(), emb, depth, batch_size=args.batch_size)
+        write_run(run, out, trec, tag=args.tag)
+        log.info("split %s: %d queries, depth %d, %d rows", split, len(chosen), depth, len(run))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(Args, search, argv, "search_dense")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

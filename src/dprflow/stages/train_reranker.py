@@ -1,0 +1,105 @@
+"""Stage ``train_reranker``: a cross-encoder trained with a list-wise cross-entropy over
+(positive, hard negatives) groups mined by retriever 2 (CDMAE section 3.4, Stage 3; no in-batch
+negatives for a cross-encoder)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from dprflow.cli import run_stage
+from dprflow.finetune_data import build_training_queries, passage_texts, sample_group
+from dprflow.losses import listwise_ce
+from dprflow.modeling.biencoder import load_tokenizer
+from dprflow.modeling.cross_encoder import CrossEncoder
+from dprflow.schemas import read_table
+from dprflow.stages.train_retriever import finish_model_dir, train_args
+from dprflow.training import Trainer
+
+log = logging.getLogger("dprflow.train_reranker")
+
+
+@dataclass
+class Args:
+    """Fine-tune a cross-encoder reranker."""
+
+    init: str = field(metadata={"help": "initial checkpoint (reranker.init or model.init)"})
+    queries: str = field(metadata={"help": "queries.parquet"})
+    qrels: str = field(metadata={"help": "qrels.parquet"})
+    passages: str = field(metadata={"help": "passages.parquet"})
+    negatives: str = field(metadata={"help": "negatives.parquet (retriever 2, top K3)"})
+    out: str = field(metadata={"help": "model folder to write"})
+    checkpoint_dir: str = field(metadata={"help": "resumable checkpoints"})
+    split: str = field(default="train", metadata={"help": "training split"})
+    group_size: int = field(default=4, metadata={"help": "passages per query (1 positive)"})
+    max_length: int = field(default=176, metadata={"help": "query + passage tokens"})
+    batch_size: int = field(default=8, metadata={"help": "queries per step"})
+    learning_rate: float = field(default=2e-5, metadata={"help": "AdamW peak learning rate"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
+    warmup_ratio: float = field(default=0.1, metadata={"help": "linear warm-up share"})
+    epochs: int = field(default=1, metadata={"help": "passes over the queries"})
+    max_steps: int = field(default=0, metadata={"help": "stop after this many steps (0: all epochs)"})
+    seed: int = field(default=13, metadata={"help": "random seed"})
+    checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
+    precision: str = field(default="auto", metadata={"help": "auto, fp32, bf16, fp16",
+                                                     "choices": ["auto", "fp32", "bf16", "fp16"]})
+    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
+
+
+def train(args: Args) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tokenizer = load_tokenizer(args.init)
+    model = CrossEncoder.from_pretrained(args.init)
+    passages = read_table(args.passages, "passages")
+    texts = passage_texts(passages, tokenizer.sep_token or "|")
+    items, counts = build_training_queries(read_table(args.queries, "queries"), args.split,
+                                           read_table(args.qrels, "qrels"), passages,
+                                           read_table(args.negatives, "negatives"))
+    G = args.group_size
+
+    def make_batch(rng, batch_items):
+        groups = [sample_group(rng, it, G) for it in batch_items]
+        return tokenizer([it.text for it, g in zip(batch_items, groups, strict=True) for _ in g],
+                         [texts[pid] for g in groups for pid in g], max_length=args.max_length,
+                         truncation="only_second", padding=True, return_tensors="pt")
+
+    def step(m, batch):
+        device = next(m.parameters()).device
+        scores = m(**batch.to(device)).view(-1, G)  # [B, G], the positive in column 0
+        return {"loss": listwise_ce(scores)}
+
+    record = {k: v for k, v in asdict(args).items() if k != "threads"}
+    record["training_queries"] = counts
+
+    def save(m, out_dir):
+        m.save_pretrained(out_dir, tokenizer=tokenizer, extra=record)
+
+    def load(m, ckpt_dir):
+        m.load_state_dict(CrossEncoder.from_pretrained(ckpt_dir).state_dict())
+
+    identity = {k: v for k, v in record.items() if k not in ("out", "checkpoint_dir", "training_queries")}
+    trainer = Trainer(model, items, make_batch, step, save, train_args(args), args.checkpoint_dir, identity)
+    log_path = Path(args.checkpoint_dir) / "train_log.csv"
+    trainer.train(load, log_path)
+    out = Path(args.out)
+    tmp = out.parent / f".{out.name}.tmp"
+    if trainer.dist.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        save(trainer.model, tmp)
+        (tmp / "training_args.json").write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+    finish_model_dir(trainer, tmp, out, log_path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(Args, train, argv, "train_reranker")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

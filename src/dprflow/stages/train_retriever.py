@@ -1,0 +1,153 @@
+"""Stage ``train_retriever``: a bi-encoder trained on hard negatives (retriever 1, retriever 2),
+or distilled from the reranker's scores (``--teacher``).
+
+Loss: softmax cross-entropy of the positive against in-batch and hard negatives (CDMAE eq. 10,
+coCondenser section 3.4); with ``--teacher``, KL to the reranker's distribution over each
+query's group plus alpha times that contrastive loss (CDMAE eq. 11 and section 3.4).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from dprflow import distributed
+from dprflow.cli import run_stage
+from dprflow.finetune_data import build_training_queries, passage_texts, sample_group
+from dprflow.losses import contrastive_loss, distillation_loss
+from dprflow.modeling.biencoder import BiEncoder, load_tokenizer
+from dprflow.schemas import read_table
+from dprflow.training import Trainer, TrainArgs
+
+log = logging.getLogger("dprflow.train_retriever")
+
+
+@dataclass
+class Args:
+    """Fine-tune a bi-encoder retriever."""
+
+    init: str = field(metadata={"help": "initial checkpoint (a pre-trained encoder or model.init)"})
+    queries: str = field(metadata={"help": "queries.parquet"})
+    qrels: str = field(metadata={"help": "qrels.parquet"})
+    passages: str = field(metadata={"help": "passages.parquet"})
+    negatives: str = field(metadata={"help": "negatives.parquet: each query's pool"})
+    out: str = field(metadata={"help": "model folder to write"})
+    checkpoint_dir: str = field(metadata={"help": "resumable checkpoints (kept across failures)"})
+    split: str = field(default="train", metadata={"help": "training query split"})
+    extra_negatives: str | None = field(default=None, metadata={"help": "a second pool (BM25 for retriever 2)"})
+    extra_fraction: float = field(default=0.0, metadata={"help": "share of negatives from the second pool"})
+    teacher: str | None = field(default=None, metadata={"help": "reranker scores: distillation mode"})
+    pooling: str = field(default="cls", metadata={"help": "cls or mean", "choices": ["cls", "mean"]})
+    shared: bool = field(default=True, metadata={"help": "siamese towers"})
+    group_size: int = field(default=4, metadata={"help": "passages per query (1 positive)"})
+    temperature: float = field(default=1.0, metadata={"help": "contrastive softmax temperature"})
+    alpha: float = field(default=0.2, metadata={"help": "distillation: weight of the contrastive loss"})
+    direction: str = field(default="teacher_student", metadata={"help": "distillation KL direction",
+                                                                  "choices": ["teacher_student", "student_teacher"]})
+    max_query_length: int = field(default=32, metadata={"help": "query tokens"})
+    max_passage_length: int = field(default=144, metadata={"help": "passage tokens"})
+    batch_size: int = field(default=8, metadata={"help": "queries per step (all processes)"})
+    learning_rate: float = field(default=2e-5, metadata={"help": "AdamW peak learning rate"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
+    warmup_ratio: float = field(default=0.1, metadata={"help": "linear warm-up share"})
+    epochs: int = field(default=1, metadata={"help": "passes over the queries"})
+    max_steps: int = field(default=0, metadata={"help": "stop after this many steps (0: all epochs)"})
+    seed: int = field(default=13, metadata={"help": "random seed"})
+    checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
+    precision: str = field(default="auto", metadata={"help": "auto, fp32, bf16, fp16",
+                                                     "choices": ["auto", "fp32", "bf16", "fp16"]})
+    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)"})
+
+    def check(self) -> None:
+        if self.group_size < 1 or (self.teacher and self.group_size < 2):
+            raise ValueError("--group-size must be >= 1 (>= 2 when distilling)")
+
+
+def train_args(args) -> TrainArgs:
+    return TrainArgs(batch_size=args.batch_size, learning_rate=args.learning_rate, weight_decay=args.weight_decay,
+                     warmup_ratio=args.warmup_ratio, epochs=args.epochs, max_steps=args.max_steps, seed=args.seed,
+                     checkpoint_every=args.checkpoint_every, precision=args.precision)
+
+
+def finish_model_dir(trainer: Trainer, tmp: Path, out: Path, log_src: Path) -> None:
+    """Move the finished model into place with its loss log, then drop the checkpoints."""
+    if trainer.dist.is_main:
+        shutil.copy(log_src, tmp / "train_log.csv")
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    trainer.finish()
+
+
+def train(args: Args) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tokenizer = load_tokenizer(args.init)
+    model = BiEncoder.from_pretrained(args.init, pooling=args.pooling, shared=args.shared)
+    passages = read_table(args.passages, "passages")
+    texts = passage_texts(passages, tokenizer.sep_token or "|")
+    items, counts = build_training_queries(
+        read_table(args.queries, "queries"), args.split, read_table(args.qrels, "qrels"), passages,
+        read_table(args.negatives, "negatives"),
+        read_table(args.extra_negatives, "negatives") if args.extra_negatives else None,
+        read_table(args.teacher, "scores") if args.teacher else None,
+    )
+    G = args.group_size
+
+    def make_batch(rng, batch_items):
+        groups = [sample_group(rng, it, G, args.extra_fraction) for it in batch_items]
+        q = tokenizer([it.text for it in batch_items], max_length=args.max_query_length, truncation=True,
+                      padding=True, return_tensors="pt")
+        p = tokenizer([texts[pid] for g in groups for pid in g], max_length=args.max_passage_length,
+                      truncation=True, padding=True, return_tensors="pt")
+        teacher = None
+        if args.teacher:
+            teacher = torch.tensor([[it.teacher[pid] for pid in g] for it, g in zip(batch_items, groups, strict=True)])
+        return q, p, teacher
+
+    def step(m, batch):
+        q_in, p_in, teacher = batch
+        device = next(m.parameters()).device
+        q, p = m(q_in.to(device), p_in.to(device))
+        rank, world = distributed.get_rank(), distributed.get_world_size()
+        offset = rank * q.size(0)
+        p_all = distributed.gather_with_grad(p) if world > 1 else p
+        if teacher is None:
+            return {"loss": contrastive_loss(q, p_all, group_size=G, temperature=args.temperature, rank_offset=offset)}
+        out = distillation_loss(q, p_all, teacher.to(device), group_size=G, alpha=args.alpha,
+                                temperature=args.temperature, direction=args.direction, rank_offset=offset)
+        return {"loss": out.loss, "kl": out.kl, "contrastive": out.contrastive}
+
+    record = {k: v for k, v in asdict(args).items() if k not in ("threads",)}
+    record["training_queries"] = counts
+
+    def save(m, out_dir):
+        m.save_pretrained(out_dir, tokenizer=tokenizer, extra=record)
+
+    def load(m, ckpt_dir):
+        m.load_state_dict(BiEncoder.from_pretrained(ckpt_dir).state_dict())
+
+    identity = {k: v for k, v in record.items() if k not in ("out", "checkpoint_dir", "training_queries")}
+    trainer = Trainer(model, items, make_batch, step, save, train_args(args), args.checkpoint_dir, identity)
+    log_path = Path(args.checkpoint_dir) / "train_log.csv"
+    trainer.train(load, log_path)
+    out = Path(args.out)
+    tmp = out.parent / f".{out.name}.tmp"
+    if trainer.dist.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        save(trainer.model, tmp)
+        (tmp / "training_args.json").write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+    finish_model_dir(trainer, tmp, out, log_path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(Args, train, argv, "train_retriever")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""The training loop shared by every fine-tuning stage (retrievers, reranker, distillation).
+
+One code path for CPU and GPU, one process or several (``torchrun``): AdamW with a linear
+warm-up and decay, mixed precision on GPU (bf16 where supported, else fp16 with a scaler),
+a per-step loss log (``train_log.csv``), and resumable checkpoints.
+
+Determinism and resume. Batches are a pure function of ``(seed, epoch, step)``: the order of the
+training queries in an epoch comes from ``seed + epoch``, and each batch's sampling from a
+generator seeded by ``(seed, global step)``. A checkpoint holds the model, the optimizer, the
+schedule, the step and the torch random state (dropout), written every ``checkpoint_every``
+steps to a folder that Snakemake does not manage (so it survives a failed job). A rerun that
+finds a checkpoint made with the same arguments resumes at its step and, on the CPU, ends with
+the same weights as a run that was never interrupted. A checkpoint made with other arguments is
+ignored (and logged), never resumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dprflow import distributed
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_PREFIX = "step-"
+
+
+@dataclass
+class TrainArgs:
+    """Optimisation settings of one training stage."""
+
+    batch_size: int = 8  # queries per optimizer step, over all processes
+    learning_rate: float = 2e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    epochs: int = 1
+    max_steps: int = 0  # 0: every epoch
+    seed: int = 13
+    checkpoint_every: int = 100
+    max_grad_norm: float = 1.0
+    precision: str = "auto"  # auto (bf16/fp16 on GPU, fp32 on CPU), fp32, bf16, fp16
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def batch_rng(seed: int, step: int) -> np.random.Generator:
+    """The generator of one batch's sampling: independent of what ran before (resume-safe)."""
+    return np.random.default_rng([seed, step])
+
+
+def epoch_order(n_items: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([seed, 1_000_003 + epoch]).permutation(n_items)
+
+
+def total_steps(n_items: int, args: TrainArgs) -> int:
+    per_epoch = n_items // args.batch_size
+    if per_epoch == 0:
+        raise ValueError(f"{n_items} training queries are fewer than one batch of {args.batch_size}")
+    steps = per_epoch * args.epochs
+    return min(steps, args.max_steps) if args.max_steps else steps
+
+
+def fingerprint(payload: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def autocast_context(device: torch.device, precision: str):
+    if device.type != "cuda" or precision == "fp32":
+        return contextlib.nullcontext(), None
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    if dtype is None:  # auto
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
+    return torch.autocast("cuda", dtype=dtype), scaler
+
+
+def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    if not ckpt_dir.is_dir():
+        return None
+    done = [p for p in ckpt_dir.glob(CHECKPOINT_PREFIX + "*") if (p / "COMPLETE").exists()]
+    return max(done, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX):]), default=None)
+
+
+class Trainer:
+    """Runs ``step_fn`` over batches with AdamW, a linear schedule, checkpoints and a loss log.
+
+    ``make_batch(rng, items) -> batch`` turns the training items of one (local) batch into model
+    inputs; ``step_fn(model, batch) -> dict`` returns at least ``loss`` (a tensor to back-propagate)
+    and any other scalars to log. ``save_fn(model, out_dir)`` writes a model folder.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        items: Sequence[Any],
+        make_batch: Callable[[np.random.Generator, list[Any]], Any],
+        step_fn: Callable[[torch.nn.Module, Any], dict[str, torch.Tensor]],
+        save_fn: Callable[[torch.nn.Module, Path], None],
+        args: TrainArgs,
+        checkpoint_dir: str | Path,
+        identity: dict[str, Any],
+    ) -> None:
+        self.dist = distributed.init_from_env()
+        self.args = args
+        self.items = list(items)
+        self.make_batch = make_batch
+        self.step_fn = step_fn
+        self.save_fn = save_fn
+        self.checkpoint_dir = Path(checkpoint_dir)
+        self.identity = fingerprint({"identity": identity, "args": asdict(args), "world": self.dist.world_size})
+        if args.batch_size % self.dist.world_size:
+            raise ValueError(f"batch_size {args.batch_size} is not divisible by {self.dist.world_size} processes")
+        self.local_batch = args.batch_size // self.dist.world_size
+        self.steps = total_steps(len(self.items), args)
+        self.model = model.to(self.dist.device)
+        decay, no_decay = [], []
+        for name, param in self.model.named_parameters():
+            if param.requires_grad:
+                (no_decay if param.ndim < 2 or "LayerNorm" in name or "bias" in name else decay).append(param)
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=args.learning_rate,
+        )
+        warmup = int(self.steps * args.warmup_ratio)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (self.steps - s) / max(1, self.steps - warmup)),
+        )
+        self.autocast, self.scaler = autocast_context(self.dist.device, args.precision)
+        self.ddp_model = self.model
+        if self.dist.world_size > 1:
+            device_ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
+            self.ddp_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids)
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def _save_checkpoint(self, step: int) -> None:
+        if not self.dist.is_main:
+            distributed.barrier()
+            return
+        final = self.checkpoint_dir / f"{CHECKPOINT_PREFIX}{step}"
+        tmp = self.checkpoint_dir / f".tmp-{CHECKPOINT_PREFIX}{step}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.save_fn(self.model, tmp / "model")
+        state = {
+            "step": step,
+            "identity": self.identity,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        }
+        torch.save(state, tmp / "trainer_state.pt")
+        (tmp / "COMPLETE").write_text(self.identity)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in self.checkpoint_dir.glob(CHECKPOINT_PREFIX + "*"):
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+        log.info("checkpoint at step %d: %s", step, final)
+        distributed.barrier()
+
+    def _resume(self, load_fn: Callable[[torch.nn.Module, Path], None]) -> int:
+        ckpt = latest_checkpoint(self.checkpoint_dir)
+        if ckpt is None:
+            return 0
+        if (ckpt / "COMPLETE").read_text() != self.identity:
+            log.warning("ignoring checkpoint %s: it was made with other arguments or data", ckpt)
+            return 0
+        state = torch.load(ckpt / "trainer_state.pt", map_location=self.dist.device, weights_only=False)
+        load_fn(self.model, ckpt / "model")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler and state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        log.info("resumed from %s at step %d of %d", ckpt, state["step"], self.steps)
+        return int(state["step"])
+
+    # -- the loop ---------------------------------------------------------------------------
+    def local_items(self, step: int) -> list[Any]:
+        """The items of this process's share of global step ``step`` (0-based)."""
+        per_epoch = len(self.items) // self.args.batch_size
+        epoch, index = divmod(step, per_epoch)
+        order = epoch_order(len(self.items), self.args.seed, epoch)
+        start = index * self.args.batch_size + self.dist.rank * self.local_batch
+        return [self.items[i] for i in order[start : start + self.local_batch]]
+
+    def train(self, load_fn: Callable[[torch.nn.Module, Path], None], log_path: str | Path) -> list[dict]:
+        start = self._resume(load_fn)
+        set_seed(self.args.seed) if start == 0 else None
+        log_path = Path(log_path)
+        history: list[dict] = []
+        if start and log_path.exists():
+            with open(log_path) as fh:
+                history = [row for row in csv.DictReader(fh) if int(row["step"]) <= start]
+        self.model.train()
+        t0 = time.time()
+        for step in range(start, self.steps):
+            rng = batch_rng(self.args.seed, step)
+            # Every rank draws the whole global batch's randomness in the same order, then keeps
+            # its share, so the sampling does not depend on the number of processes.
+            batch = self.make_batch(rng, self.local_items(step))
+            with self.autocast:
+                out = self.step_fn(self.ddp_model, batch)
+            loss = out["loss"]
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"loss is {loss.item()} at step {step + 1}")
+            if self.scaler:
+                self.scaler.scale(loss).backward()
+                self.scaler.unscale_(self.optimizer)
+            else:
+                loss.backward()
+            if self.args.max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
+            if self.scaler:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            row = {"step": step + 1, "lr": self.scheduler.get_last_lr()[0]}
+            row.update({k: float(v.detach()) for k, v in out.items()})
+            history.append(row)
+            if (step + 1) % 10 == 0 or step + 1 == self.steps:
+                rate = (step + 1 - start) / max(1e-9, time.time() - t0)
+                log.info("step %d/%d loss %.4f (%.2f steps/s)", step + 1, self.steps, row["loss"], rate)
+            if (step + 1) % self.args.checkpoint_every == 0 and step + 1 < self.steps:
+                self._write_log(history, log_path)
+                self._save_checkpoint(step + 1)
+        self._write_log(history, log_path)
+        return history
+
+    def _write_log(self, history: list[dict], path: Path) -> None:
+        if not self.dist.is_main or not history:
+            return
+        keys = list(dict.fromkeys(k for row in history for k in row))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(history)
+        os.replace(tmp, path)
+
+    def finish(self) -> None:
+        """Remove the checkpoints once the final model is written (the job succeeded)."""
+        if self.dist.is_main:
+            shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+        distributed.cleanup()
+
+
+def mean_of(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else math.nan

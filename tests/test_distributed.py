@@ -1,0 +1,119 @@
+"""The distributed helpers: identity with one process, and a real 2-process gloo run that must match
+the single-process loss and gradients on the full batch."""
+
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from dprflow import distributed
+from dprflow.losses import contrastive_loss, distillation_loss
+
+WORLD = 2
+B_LOCAL, G, D_IN, H = 2, 3, 6, 5  # per-rank queries, group size, input and embedding sizes
+TEMPERATURE = 0.5
+
+
+class Tower(nn.Module):
+    """A linear stand-in for the shared encoder, called like BiEncoder.forward(queries, passages)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(D_IN, H, bias=False)
+
+    def forward(self, xq, xp):
+        return self.linear(xq), self.linear(xp)
+
+
+def full_batch():
+    gen = torch.Generator().manual_seed(1)
+    xq = torch.randn(WORLD * B_LOCAL, D_IN, generator=gen)
+    xp = torch.randn(WORLD * B_LOCAL * G, D_IN, generator=gen)
+    teacher = torch.randn(WORLD * B_LOCAL, G, generator=gen)
+    return xq, xp, teacher
+
+
+def losses(model, xq, xp, teacher, rank_offset, gather):
+    """Contrastive and distillation losses; each backpropagated into its own gradient."""
+    out = {}
+    for name in ("contrastive", "distill"):
+        model.zero_grad()
+        q, p = model(xq, xp)
+        p = gather(p)
+        if name == "contrastive":
+            loss = contrastive_loss(q, p, group_size=G, temperature=TEMPERATURE, rank_offset=rank_offset)
+        else:
+            loss = distillation_loss(q, p, teacher, group_size=G, temperature=TEMPERATURE, rank_offset=rank_offset).loss
+        loss.backward()
+        weight = model.module.linear.weight if hasattr(model, "module") else model.linear.weight
+        out[name] = (loss.detach().clone(), weight.grad.clone())
+    return out
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))  # fmt: skip
+    info = distributed.init_from_env(use_cuda=False)
+    try:
+        assert (info.rank, info.world_size, info.device.type) == (rank, WORLD, "cpu")
+        assert distributed.is_main() == (rank == 0)
+        xq, xp, teacher = full_batch()
+        local_q = xq[rank * B_LOCAL : (rank + 1) * B_LOCAL]
+        local_p = xp[rank * B_LOCAL * G : (rank + 1) * B_LOCAL * G]
+        local_t = teacher[rank * B_LOCAL : (rank + 1) * B_LOCAL]
+        model = nn.parallel.DistributedDataParallel(Tower())  # averages the gradients over ranks
+        result = losses(model, local_q, local_p, local_t, rank * B_LOCAL, distributed.gather_with_grad)
+
+        gathered = distributed.gather_with_grad(local_p)
+        result["gathered"] = gathered.detach()
+        try:
+            distributed.gather_with_grad(torch.zeros(rank + 1, 2))  # different shapes on the two ranks
+            result["mismatch"] = "no error"
+        except ValueError as exc:
+            result["mismatch"] = str(exc)
+        distributed.barrier()
+        torch.save(result, f"{out_dir}/rank{rank}.pt")
+    finally:
+        distributed.cleanup()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_single_process_is_identity(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    info = distributed.init_from_env(use_cuda=False)
+    assert (info.rank, info.world_size, info.local_rank, info.device) == (0, 1, 0, torch.device("cpu"))
+    assert info.is_main and distributed.is_main() and distributed.get_world_size() == 1
+    t = torch.randn(3, 2, requires_grad=True)
+    assert distributed.gather_with_grad(t) is t
+    distributed.barrier()  # no-ops
+    distributed.cleanup()
+
+
+def test_two_gloo_ranks_match_the_full_batch(tmp_path):
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available")
+    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+
+    xq, xp, teacher = full_batch()
+    full = losses(Tower(), xq, xp, teacher, 0, lambda p: p)
+    for name in ("contrastive", "distill"):
+        full_loss, full_grad = full[name]
+        mean_loss = sum(r[name][0] for r in ranks) / WORLD
+        assert torch.allclose(mean_loss, full_loss, atol=1e-6), name  # average of rank losses == full loss
+        for r in ranks:  # DDP-averaged gradient == full-batch gradient, on every rank
+            assert full_grad.abs().sum() > 0
+            assert torch.allclose(r[name][1], full_grad, atol=1e-6), name
+    assert torch.equal(ranks[0]["gathered"], xp) and torch.equal(ranks[1]["gathered"], xp)
+    assert all("same shape on every rank" in r["mismatch"] for r in ranks)

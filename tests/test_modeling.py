@@ -1,0 +1,138 @@
+"""Pooling, the bi-encoder's save/load round trips, and the cross-encoder, on a tiny random BERT."""
+
+import json
+import logging
+
+import pytest
+import torch
+from transformers import AutoModel, BertConfig, BertModel
+
+from dprflow.modeling.biencoder import BiEncoder, pool
+from dprflow.modeling.cross_encoder import CrossEncoder
+
+TINY = dict(vocab_size=100, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
+INPUTS = {
+    "input_ids": torch.tensor([[2, 5, 7, 3, 0], [2, 9, 3, 0, 0]]),
+    "attention_mask": torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]]),
+}
+
+
+def tiny_bert(seed: int = 0) -> BertModel:
+    torch.manual_seed(seed)
+    return BertModel(BertConfig(**TINY)).eval()
+
+
+def test_pool_cls_and_masked_mean():
+    hidden = torch.arange(12, dtype=torch.float).view(2, 3, 2)  # [B=2, L=3, H=2]
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert pool(hidden, mask, "cls").tolist() == [[0.0, 1.0], [6.0, 7.0]]
+    assert pool(hidden, mask, "mean").tolist() == [[1.0, 2.0], [6.0, 7.0]]
+    padded = hidden.clone()
+    padded[0, 2] = 100.0
+    padded[1, 1:] = -100.0
+    assert torch.equal(pool(padded, mask, "mean"), pool(hidden, mask, "mean"))  # padding ignored
+    with pytest.raises(ValueError, match="cls, mean"):
+        pool(hidden, mask, "max")
+
+
+def test_shared_biencoder_round_trip_loads_with_automodel(tmp_path):
+    model = BiEncoder(tiny_bert())
+    assert model.shared and model.passage_model is model.query_model
+    with torch.no_grad():
+        q, p = model(INPUTS, INPUTS)
+    model.save_pretrained(tmp_path, extra={"learning_rate": 2e-5, "out": tmp_path})
+    assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "config.json").is_file()
+    saved = json.loads((tmp_path / "dprflow_encoder.json").read_text())
+    assert saved == {"pooling": "cls", "shared": True, "normalize": False,
+                     "extra": {"learning_rate": 2e-5, "out": str(tmp_path)}}  # fmt: skip
+
+    loaded = BiEncoder.from_pretrained(tmp_path).eval()
+    assert loaded.shared
+    with torch.no_grad():
+        assert torch.allclose(loaded.encode_query(**INPUTS), q, atol=1e-6)
+        assert torch.allclose(loaded.encode_passage(**INPUTS), p, atol=1e-6)
+        plain = AutoModel.from_pretrained(tmp_path).eval()
+        assert torch.allclose(plain(**INPUTS).last_hidden_state[:, 0], q, atol=1e-6)
+
+
+def test_separate_biencoder_round_trip(tmp_path):
+    passage = tiny_bert()
+    with torch.no_grad():
+        for param in passage.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+    model = BiEncoder(tiny_bert(), passage, pooling="mean")
+    assert not model.shared
+    with torch.no_grad():
+        q, p = model(INPUTS, INPUTS)
+    assert not torch.allclose(q, p, atol=1e-3)  # the towers differ
+
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "query_model" / "model.safetensors").is_file()
+    assert (tmp_path / "passage_model" / "model.safetensors").is_file()
+    loaded = BiEncoder.from_pretrained(tmp_path).eval()
+    assert not loaded.shared and loaded.pooling == "mean"
+    with torch.no_grad():
+        q2, p2 = loaded(INPUTS, INPUTS)
+    assert torch.allclose(q2, q, atol=1e-6) and torch.allclose(p2, p, atol=1e-6)
+    with pytest.raises(ValueError, match="shared=False"):
+        BiEncoder.from_pretrained(tmp_path, shared=True)
+
+
+def test_from_plain_checkpoint_shared_or_copied(tmp_path):
+    tiny_bert().save_pretrained(tmp_path)
+    shared = BiEncoder.from_pretrained(tmp_path)
+    assert shared.shared and shared.pooling == "cls" and not shared.normalize
+    untied = BiEncoder.from_pretrained(tmp_path, shared=False).eval()
+    assert untied.query_model is not untied.passage_model
+    n_params = sum(p.numel() for p in shared.parameters())
+    assert sum(p.numel() for p in untied.parameters()) == 2 * n_params
+    with torch.no_grad():
+        q, p = untied(INPUTS, INPUTS)
+    assert torch.allclose(q, p, atol=1e-6)  # two copies of the same start
+
+
+def test_saved_config_is_default_and_explicit_arguments_win(tmp_path):
+    BiEncoder(tiny_bert(), pooling="mean", normalize=True).save_pretrained(tmp_path)
+    loaded = BiEncoder.from_pretrained(tmp_path).eval()
+    assert loaded.pooling == "mean" and loaded.normalize
+    with torch.no_grad():
+        assert torch.allclose(loaded.encode_query(**INPUTS).norm(dim=-1), torch.ones(2), atol=1e-5)
+    assert BiEncoder.from_pretrained(tmp_path, pooling="cls").pooling == "cls"
+    with pytest.raises(ValueError, match="cls, mean"):
+        BiEncoder.from_pretrained(tmp_path, pooling="max")
+
+
+def test_biencoder_trains_and_freezes_the_unused_pooler():
+    model = BiEncoder(tiny_bert())
+    model.train()
+    q, p = model(INPUTS, INPUTS)
+    (q @ p.T).sum().backward()
+    assert all(not prm.requires_grad for prm in model.query_model.pooler.parameters())
+    grads = [prm.grad for prm in model.parameters() if prm.requires_grad]
+    assert grads and all(g is not None for g in grads)  # no unused trainable parameter (DDP-safe)
+
+
+def test_cross_encoder_from_plain_encoder_logs_new_head_and_round_trips(tmp_path, caplog):
+    tiny_bert().save_pretrained(tmp_path / "encoder")
+    with caplog.at_level(logging.WARNING, logger="dprflow.modeling.cross_encoder"):
+        reranker = CrossEncoder.from_pretrained(tmp_path / "encoder").eval()
+    assert "initialised at random" in caplog.text and "classifier.weight" in caplog.text
+    with torch.no_grad():
+        scores = reranker(**INPUTS)
+    assert scores.shape == (2,)
+    reranker.save_pretrained(tmp_path / "reranker", extra={"epochs": 1})
+    assert json.loads((tmp_path / "reranker" / "dprflow_reranker.json").read_text()) == {"extra": {"epochs": 1}}
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dprflow.modeling.cross_encoder"):
+        loaded = CrossEncoder.from_pretrained(tmp_path / "reranker").eval()
+    assert "initialised at random" not in caplog.text
+    with torch.no_grad():
+        assert torch.allclose(loaded(**INPUTS), scores, atol=1e-6)
+
+
+def test_cross_encoder_rejects_multi_label_model():
+    from transformers import BertForSequenceClassification
+
+    model = BertForSequenceClassification(BertConfig(**TINY, num_labels=2))
+    with pytest.raises(ValueError, match="num_labels=1"):
+        CrossEncoder(model)
