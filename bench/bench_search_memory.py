@@ -106,12 +106,13 @@ def child(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--corpus", type=int, default=20_000, help="passages in the index")
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--k", type=int, default=100)
     parser.add_argument("--queries", type=int, nargs="+", default=[1_000, 4_000, 16_000, 64_000])
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--batch-size", type=int, default=1024, help="query batch of the batched modes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -129,10 +130,26 @@ def main(argv: list[str] | None = None) -> int:
 
     points = []
     for nq in args.queries:
-        for mode in args.modes:
-            cmd = [sys.executable, __file__, "--child", "--nq", str(nq), "--mode", mode, "--corpus",
-                   str(args.corpus), "--dim", str(args.dim), "--k", str(args.k), "--batch-size",
-                   str(args.batch_size), "--seed", str(args.seed)]
+        for mode in MODES:
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                "--nq",
+                str(nq),
+                "--mode",
+                mode,
+                "--corpus",
+                str(args.corpus),
+                "--dim",
+                str(args.dim),
+                "--k",
+                str(args.k),
+                "--batch-size",
+                str(args.batch_size),
+                "--seed",
+                str(args.seed),
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), check=False)
             if proc.returncode != 0:
                 sys.stderr.write(proc.stderr)
@@ -151,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         "MiB",
         baseline=oneshot,
         ratio=round(oneshot / batched, 3) if batched and oneshot else None,
+        n=largest,
+        seconds=next(p["seconds"] for p in points if p["queries"] == largest and p["mode"] == "batched"),
         what=f"peak RSS increase during search of {largest} queries (value: batched, baseline: one-shot)",
         streamed_mib=by.get((largest, "streamed")),
         corpus=args.corpus,
@@ -158,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         k=args.k,
         batch_size=args.batch_size,
         faiss_threads=faiss.omp_get_max_threads(),
+        load_average=[round(x, 2) for x in os.getloadavg()],
         points=points,
     )
     return 0

@@ -45,7 +45,17 @@ TF = {  # term -> {passage: frequency}
 }
 QUERIES = pd.DataFrame(
     {
-        "query_id": ["q-fish", "q-bird", "q-quantum", "q-dog", "q-cat", "q-three", "q-stop", "q-blank", "q-zebra"],
+        "query_id": [
+            "q-fish",
+            "q-bird",
+            "q-quantum",
+            "q-dog",
+            "q-cat",
+            "q-three",
+            "q-stop",
+            "q-blank",
+            "q-zebra",
+        ],
         "text": [
             "fish",
             "birds",  # stems to bird
@@ -148,7 +158,10 @@ def test_scores_match_lucene_bm25_formula(request, fixture, k1, b):
     for qid, term in [("q-cat", "cat"), ("q-dog", "dog"), ("q-fish", "fish")]:
         for passage in TF[term]:
             # Anserini rounds scores to 4 decimals.
-            assert got[(qid, passage)] == pytest.approx(lucene_bm25(term, passage, k1, b), abs=6e-5), (qid, passage)
+            assert got[(qid, passage)] == pytest.approx(lucene_bm25(term, passage, k1, b), abs=6e-5), (
+                qid,
+                passage,
+            )
     # A bag-of-words query scores the sum over its terms.
     expected = sum(lucene_bm25(t, "p3", k1, b) for t in ("dog", "red"))
     assert got[("q-three", "p3")] == pytest.approx(expected, abs=6e-5)

@@ -1,6 +1,11 @@
 """The distributed helpers: identity with one process, and a real 2-process gloo run that must match
-the single-process loss and gradients on the full batch."""
+the single-process loss and gradients on the full batch.
 
+The workers average the gradients over ranks with an ``all_reduce`` as DDP does (constructing a
+real DDP module costs seconds of imports).
+"""
+
+import os
 import socket
 
 import pytest
@@ -46,18 +51,17 @@ def losses(model, xq, xp, teacher, rank_offset, gather):
         if name == "contrastive":
             loss = contrastive_loss(q, p, group_size=G, temperature=TEMPERATURE, rank_offset=rank_offset)
         else:
-            loss = distillation_loss(q, p, teacher, group_size=G, temperature=TEMPERATURE, rank_offset=rank_offset).loss
+            loss = distillation_loss(
+                q, p, teacher, group_size=G, temperature=TEMPERATURE, rank_offset=rank_offset
+            ).loss
         loss.backward()
-        weight = model.module.linear.weight if hasattr(model, "module") else model.linear.weight
-        out[name] = (loss.detach().clone(), weight.grad.clone())
+        out[name] = (loss.detach().clone(), model.linear.weight.grad.clone())
     return out
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
-    import os
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))  # fmt: skip
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(WORLD)}
+    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
     info = distributed.init_from_env(use_cuda=False)
     try:
         assert (info.rank, info.world_size, info.device.type) == (rank, WORLD, "cpu")
@@ -66,8 +70,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         local_q = xq[rank * B_LOCAL : (rank + 1) * B_LOCAL]
         local_p = xp[rank * B_LOCAL * G : (rank + 1) * B_LOCAL * G]
         local_t = teacher[rank * B_LOCAL : (rank + 1) * B_LOCAL]
-        model = nn.parallel.DistributedDataParallel(Tower())  # averages the gradients over ranks
-        result = losses(model, local_q, local_p, local_t, rank * B_LOCAL, distributed.gather_with_grad)
+        result = losses(Tower(), local_q, local_p, local_t, rank * B_LOCAL, distributed.gather_with_grad)
+        for name in ("contrastive", "distill"):  # what DDP does to the gradients: average over ranks
+            torch.distributed.all_reduce(result[name][1])
+            result[name][1].div_(WORLD)
 
         gathered = distributed.gather_with_grad(local_p)
         result["gathered"] = gathered.detach()

@@ -92,7 +92,9 @@ def test_distill_kl_teacher_student_is_cdmae_eq_11():
     kl = distill_kl(STUDENT, TEACHER, direction="teacher_student")
     expected = (0.8 * math.log(0.8 / 0.5) + 0.2 * math.log(0.2 / 0.5)) / 2  # batchmean over 2 queries
     assert kl.item() == pytest.approx(expected, rel=1e-6)
-    reference = F.kl_div(F.log_softmax(STUDENT, -1), F.log_softmax(TEACHER, -1), log_target=True, reduction="batchmean")
+    reference = F.kl_div(
+        F.log_softmax(STUDENT, -1), F.log_softmax(TEACHER, -1), log_target=True, reduction="batchmean"
+    )
     assert kl.item() == pytest.approx(reference.item(), rel=1e-6)
 
 

@@ -43,8 +43,8 @@ def test_shared_biencoder_round_trip_loads_with_automodel(tmp_path):
     model.save_pretrained(tmp_path, extra={"learning_rate": 2e-5, "out": tmp_path})
     assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "config.json").is_file()
     saved = json.loads((tmp_path / "dprflow_encoder.json").read_text())
-    assert saved == {"pooling": "cls", "shared": True, "normalize": False,
-                     "extra": {"learning_rate": 2e-5, "out": str(tmp_path)}}  # fmt: skip
+    extra = {"learning_rate": 2e-5, "out": str(tmp_path)}  # paths stored as strings
+    assert saved == {"pooling": "cls", "shared": True, "normalize": False, "extra": extra}
 
     loaded = BiEncoder.from_pretrained(tmp_path).eval()
     assert loaded.shared
@@ -121,7 +121,9 @@ def test_cross_encoder_from_plain_encoder_logs_new_head_and_round_trips(tmp_path
         scores = reranker(**INPUTS)
     assert scores.shape == (2,)
     reranker.save_pretrained(tmp_path / "reranker", extra={"epochs": 1})
-    assert json.loads((tmp_path / "reranker" / "dprflow_reranker.json").read_text()) == {"extra": {"epochs": 1}}
+    assert json.loads((tmp_path / "reranker" / "dprflow_reranker.json").read_text()) == {
+        "extra": {"epochs": 1}
+    }
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="dprflow.modeling.cross_encoder"):
         loaded = CrossEncoder.from_pretrained(tmp_path / "reranker").eval()

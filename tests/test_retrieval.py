@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -88,7 +89,9 @@ def mean_pool(model):
 
 def cls_pool(model):
     def embed(input_ids, attention_mask, token_type_ids=None):
-        return model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)[0][:, 0]
+        return model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)[0][
+            :, 0
+        ]
 
     return embed
 
@@ -173,12 +176,19 @@ def test_search_equals_brute_force_in_any_batch_size():
     index.add(p[:100], ids[:100])
     index.add(p[100:], ids[100:])  # two add calls: ids stay aligned
     ref_s, ref_i = _brute_force(p, q, 10)
+    threshold = faiss.cvar.distance_compute_blas_threshold
+    results = {}
     for bs in (1, 7, 1024):
         scores, got = index.search(q, 10, batch_size=bs)
         assert scores.dtype == np.float32 and scores.shape == (57, 10)
         assert len(got) == 57 and all(len(g) == 10 for g in got)
         np.testing.assert_allclose(scores, ref_s, atol=1e-5)
         assert [list(g) for g in got] == [list(ids[r]) for r in ref_i]
+        results[bs] = scores
+    # One kernel for every batch size: bitwise-identical scores.
+    np.testing.assert_array_equal(results[1], results[1024])
+    np.testing.assert_array_equal(results[7], results[1024])
+    assert faiss.cvar.distance_compute_blas_threshold == threshold  # the global is restored
 
 
 def test_search_k_beyond_corpus_is_cut():
@@ -277,7 +287,17 @@ def test_nb_recall_hand_example():
         [("q1", "a", 1), ("q1", "b", 2), ("q1", "c", 3), ("q1", "d", 4), ("q2", "x", 1), ("q2", "y", 2)]
     )
     # First stage: q1 finds b (1), z (2), a (3), d (5); q2 finds y at rank 2.
-    r1 = _run([("q1", "b", 1), ("q1", "z", 2), ("q1", "a", 3), ("q1", "e", 4), ("q1", "d", 5), ("q2", "w", 1), ("q2", "y", 2)])
+    r1 = _run(
+        [
+            ("q1", "b", 1),
+            ("q1", "z", 2),
+            ("q1", "a", 3),
+            ("q1", "e", 4),
+            ("q1", "d", 5),
+            ("q2", "w", 1),
+            ("q2", "y", 2),
+        ]
+    )
     # n=4, k=3: q1 covers {a, b} of 4 = 0.5; q2's top-2 neighbourhood {x, y} has y at rank 2 -> 0.5.
     assert nb_recall(r1, r2, n=4, k=3) == pytest.approx(0.5)
     # n=2, k=1: q1 {a, b} vs {b} = 0.5; q2 {x, y} vs {w} = 0 -> 0.25.

@@ -164,7 +164,6 @@ def _run_java(
     heap: str = "4g",
     log_file: str | os.PathLike | None = None,
     on_line: Callable[[str], None] | None = None,
-    cwd: str | os.PathLike | None = None,
 ) -> float:
     """Run ``java -Xmx<heap> -cp <anserini jar> main_class args...``; return its wall-clock seconds.
 
@@ -193,7 +192,6 @@ def _run_java(
             text=True,
             encoding="utf-8",
             errors="replace",
-            cwd=cwd,
         )
     except OSError as exc:
         if sink is not None:
@@ -296,7 +294,7 @@ def build_index(
     threads: int = 1,
     log_file: str | os.PathLike | None = None,
     heap: str = "4g",
-    store_raw: bool = True,
+    store_raw: bool = False,
 ) -> dict:
     """Build a Lucene BM25 index of ``passages`` (``passage_id``, ``title``, ``text``) at ``index_dir``.
 
@@ -304,6 +302,9 @@ def build_index(
     is built in a temporary directory beside ``index_dir`` and renamed onto it only when Anserini
     succeeded and indexed exactly ``len(passages)`` documents; an existing ``index_dir`` is replaced.
     On failure nothing is left behind. Java's output goes to the log (and ``log_file`` if given).
+    ``heap`` is the JVM's ``-Xmx``. ``store_raw`` keeps each passage's JSON in the index (Anserini's
+    ``-storeRaw``, for pyserini's ``doc()``); dprflow reads text from its passages table instead, and
+    a raw field makes the index bigger and every hit slower to fetch (about 1.4x at k=100), so it is off.
 
     Returns ``{"n_docs", "seconds", "java_seconds", "index_dir", "threads"}``.
     """
@@ -380,9 +381,8 @@ class SearchStats:
     n_queries: int = 0  # queries given
     n_empty: int = 0  # text empty after stripping: not sent, no rows
     n_searched: int = 0  # sent to Lucene
-    n_no_hits: int = (
-        0  # sent but no hits: every term a stop word or absent from the index (or too many terms)
-    )
+    # Sent but no hits: every term a stop word or absent from the index (or too many terms).
+    n_no_hits: int = 0
     n_too_many_terms: int = 0  # of n_no_hits: over Lucene's 1024-clause limit (shorten such queries)
     n_hits: int = 0  # rows returned
     n_java_calls: int = 0

@@ -25,7 +25,9 @@ KL_DIRECTIONS = ("teacher_student", "student_teacher")
 
 def _check_groups(q: torch.Tensor, p: torch.Tensor, group_size: int, rank_offset: int) -> None:
     if q.dim() != 2 or p.dim() != 2 or q.size(1) != p.size(1):
-        raise ValueError(f"expected q [B, H] and p [N, H] with the same H, got {tuple(q.shape)} and {tuple(p.shape)}")
+        raise ValueError(
+            f"expected q [B, H] and p [N, H] with the same H, got {tuple(q.shape)} and {tuple(p.shape)}"
+        )
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     if p.size(0) % group_size:
@@ -243,7 +245,9 @@ def distillation_loss(
     """
     _check_groups(q, p, group_size, rank_offset)
     if teacher.shape != (q.size(0), group_size):
-        raise ValueError(f"expected teacher scores [B={q.size(0)}, G={group_size}], got {tuple(teacher.shape)}")
+        raise ValueError(
+            f"expected teacher scores [B={q.size(0)}, G={group_size}], got {tuple(teacher.shape)}"
+        )
     scores = q @ p.T / temperature  # [B, N]
     target = positive_index(q.size(0), group_size, rank_offset, device=q.device)
     contrastive = F.cross_entropy(scores, target)

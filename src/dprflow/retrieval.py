@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import faiss
@@ -35,7 +35,11 @@ from dprflow.schemas import atomic_path, schema
 
 log = logging.getLogger(__name__)
 
-AUTOCAST_DTYPES: dict[str | None, torch.dtype | None] = {None: None, "fp16": torch.float16, "bf16": torch.bfloat16}
+AUTOCAST_DTYPES: dict[str | None, torch.dtype | None] = {
+    None: None,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+}
 
 # ---------------------------------------------------------------------------------------------
 # Encoding
@@ -190,10 +194,14 @@ def read_embeddings(path: str | os.PathLike, dim: int | None = None) -> tuple[np
     if not (pa.types.is_string(id_type) or pa.types.is_large_string(id_type)):
         raise ValueError(f"{path}: column 'passage_id' has type {id_type}, expected string")
     if not (pa.types.is_fixed_size_list(emb_type) and emb_type.value_type == pa.float32()):
-        raise ValueError(f"{path}: column 'embedding' has type {emb_type}, expected fixed_size_list<float>[H]")
+        raise ValueError(
+            f"{path}: column 'embedding' has type {emb_type}, expected fixed_size_list<float>[H]"
+        )
     h = emb_type.list_size
     if dim is not None and h != dim:
-        raise ValueError(f"{path}: embeddings have dimension {h}, expected {dim} (encoded with another model?)")
+        raise ValueError(
+            f"{path}: embeddings have dimension {h}, expected {dim} (encoded with another model?)"
+        )
 
     table = pq.read_table(path, columns=["passage_id", "embedding"])
     for name in ("passage_id", "embedding"):
@@ -213,6 +221,23 @@ def read_embeddings(path: str | os.PathLike, dim: int | None = None) -> tuple[np
 # ---------------------------------------------------------------------------------------------
 
 
+@contextmanager
+def _blas_always() -> Iterator[None]:
+    """Make faiss score every query batch with its BLAS kernel, whatever the batch size.
+
+    faiss (1.15) scores batches with ``n_queries * dim < distance_compute_blas_threshold``
+    (128000: fewer than 334 queries at dim 384) with a per-pair kernel that is both far slower
+    on large corpora and rounds differently, so results would depend on the batch size. The
+    threshold is a process-wide faiss setting; it is restored on exit.
+    """
+    saved = faiss.cvar.distance_compute_blas_threshold
+    faiss.cvar.distance_compute_blas_threshold = 0
+    try:
+        yield
+    finally:
+        faiss.cvar.distance_compute_blas_threshold = saved
+
+
 class FlatIndex:
     """Exact inner-product search over float32 passage embeddings, with the passage ids kept beside.
 
@@ -223,9 +248,9 @@ class FlatIndex:
     Ties: within each query's results, equal scores are ordered by the position at which the
     passages were added to the index (the order of :meth:`add` calls and of rows within them),
     not by passage id. faiss's heap also prefers the earlier position when a tie straddles the
-    k-th place, so results are deterministic for a given add order. Scores from different
-    query-batch sizes agree up to float rounding (faiss switches between a BLAS and a direct
-    kernel at 20 queries), which can only swap passages whose scores differ by ~1e-7.
+    k-th place, so results are deterministic for a given add order. Every batch is scored by
+    the same BLAS kernel (see :func:`_blas_always`), so the batch size changes neither scores
+    nor order; batches of a few hundred queries or more keep the BLAS kernel efficient.
 
     Example::
 
@@ -292,7 +317,9 @@ class FlatIndex:
         """
         q_emb = np.ascontiguousarray(q_emb, dtype=np.float32)
         if q_emb.ndim != 2 or q_emb.shape[1] != self.dim:
-            raise ValueError(f"query embeddings of shape {q_emb.shape} do not fit an index of dimension {self.dim}")
+            raise ValueError(
+                f"query embeddings of shape {q_emb.shape} do not fit an index of dimension {self.dim}"
+            )
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
         if batch_size < 1:
@@ -303,7 +330,8 @@ class FlatIndex:
             if kk == 0:
                 yield start, np.empty((len(q), 0), np.float32), np.empty((len(q), 0), np.int64)
                 continue
-            scores, pos = self.index.search(q, kk)
+            with _blas_always():
+                scores, pos = self.index.search(q, kk)
             # Explicit tie order: score descending, then index position ascending.
             order = np.lexsort((pos, -scores), axis=-1)
             scores = np.take_along_axis(scores, order, axis=1)
@@ -362,7 +390,12 @@ def search_to_run(
     frames = list(iter_search_run(index, query_ids, q_emb, k, batch_size))
     if not frames:
         names = schema("run").names
-        return pd.DataFrame({name: pd.Series(dtype=dt) for name, dt in zip(names, [object, object, "float32", "int32"], strict=True)})
+        return pd.DataFrame(
+            {
+                name: pd.Series(dtype=dt)
+                for name, dt in zip(names, [object, object, "float32", "int32"], strict=True)
+            }
+        )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -417,7 +450,9 @@ def nb_recall_table(
     hood = run_r2.loc[run_r2["rank"] <= max(ns), cols]
     hood = hood.sort_values("rank", kind="stable").drop_duplicates(["query_id", "passage_id"])
     if hood.empty:
-        raise ValueError("run_r2 (second-stage retriever) has no rows with rank <= n: no neighbourhood to cover")
+        raise ValueError(
+            "run_r2 (second-stage retriever) has no rows with rank <= n: no neighbourhood to cover"
+        )
     cover = run_r1.loc[run_r1["rank"] <= max(ks), cols]
     cover = cover.sort_values("rank", kind="stable").drop_duplicates(["query_id", "passage_id"])
     merged = hood.merge(cover, how="left", on=["query_id", "passage_id"], suffixes=("_2", "_1"))

@@ -25,6 +25,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -39,6 +40,8 @@ from dprflow import distributed
 log = logging.getLogger(__name__)
 
 CHECKPOINT_PREFIX = "step-"
+# Tests set this to a step number to have the process killed (SIGKILL) right after that step.
+KILL_ENV = "DPRFLOW_KILL_AFTER_STEP"
 
 
 @dataclass
@@ -252,6 +255,9 @@ class Trainer:
             if (step + 1) % self.args.checkpoint_every == 0 and step + 1 < self.steps:
                 self._write_log(history, log_path)
                 self._save_checkpoint(step + 1)
+            if os.environ.get(KILL_ENV) == str(step + 1):
+                # Fault injection for the resume tests: die like `kill -9`, with no clean-up.
+                os.kill(os.getpid(), signal.SIGKILL)
         self._write_log(history, log_path)
         return history
 

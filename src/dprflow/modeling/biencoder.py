@@ -135,7 +135,9 @@ class BiEncoder(nn.Module):
         self.pooling = check_pooling(pooling)
         self.normalize = normalize
         self.query_model = query_model
-        self.passage_model = query_model if passage_model is None else passage_model  # same object when shared
+        self.passage_model = (
+            query_model if passage_model is None else passage_model
+        )  # same object when shared
         for model in {id(m): m for m in (self.query_model, self.passage_model)}.values():
             _freeze_pooler(model)
 

@@ -1,0 +1,111 @@
+"""Passage splitting, MaxP evaluation against ir_measures, the comparison and its statistics."""
+
+from __future__ import annotations
+
+import math
+
+import ir_measures
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from dprflow.compare import build_comparison, holm, to_markdown
+from dprflow.evaluation import evaluate_run, passage_run_to_doc_run
+from dprflow.passages import group_sentences, split_documents, split_sentences
+from dprflow.runs import negatives_from_run, positive_passages
+
+
+def words(texts):
+    return [len(t.split()) for t in texts]
+
+
+def test_split_sentences():
+    assert split_sentences("One two. Three four! Five?\n\nSix") == ["One two.", "Three four!", "Five?", "Six"]
+
+
+def test_group_sentences_respects_the_limit_and_keeps_sentences_whole():
+    sentences = ["a b c.", "d e.", "f g h i.", "j."]
+    assert group_sentences(sentences, 5, words) == [("a b c. d e.", 5), ("f g h i. j.", 5)]
+
+
+def test_long_sentence_is_cut_at_words():
+    out = group_sentences(["a b c d e f g"], 3, words)
+    assert [t for t, _ in out] == ["a b c", "d e f", "g"]
+
+
+class WordTokenizer:
+    def __call__(self, texts, add_special_tokens=False, truncation=False):
+        return {"input_ids": [t.split() for t in texts]}
+
+
+def test_split_documents_ids_parent_and_empty_rule():
+    docs = pd.DataFrame({"doc_id": ["d1", "d2", "d3"], "title": ["T", "", "Only title"],
+                         "text": ["A b c. D e f. G h.", "", ""]})
+    passages, counts = split_documents(docs, WordTokenizer(), max_tokens=5)
+    assert passages["passage_id"].tolist() == ["d1#0", "d1#1", "d3#0"]
+    assert passages["doc_id"].tolist() == ["d1", "d1", "d3"]
+    assert passages["text"].tolist() == ["A b c.", "D e f. G h.", ""]
+    assert passages["n_tokens"].tolist() == [3, 5, 0]
+    assert counts["documents_empty_skipped"] == 1
+
+
+def test_maxp_takes_the_best_passage():
+    passages = pd.DataFrame({"passage_id": ["d1#0", "d1#1", "d2#0"], "doc_id": ["d1", "d1", "d2"]})
+    run = pd.DataFrame({"query_id": ["q"] * 3, "passage_id": ["d1#1", "d2#0", "d1#0"], "score": [3.0, 2.0, 1.0]})
+    doc_run = passage_run_to_doc_run(run, passages)
+    assert doc_run.set_index("doc_id")["score"].to_dict() == {"d1": 3.0, "d2": 2.0}
+
+
+def test_evaluate_matches_ir_measures_and_scores_missing_queries_zero():
+    qrels = pd.DataFrame({"query_id": ["q1", "q1", "q2", "q3"], "doc_id": ["a", "b", "c", "d"],
+                          "relevance": [1, 2, 1, 0]})
+    run = pd.DataFrame({"query_id": ["q1", "q1", "q1"], "doc_id": ["x", "b", "a"], "score": [3.0, 2.0, 1.0]})
+    table = evaluate_run(run, qrels, ["q1", "q2", "q3"], ["RR@10", "nDCG@10"])
+    # q3 has no relevant judgment: not scored; q2 has no results: scored 0.
+    assert sorted(table["query_id"].unique()) == ["q1", "q2"]
+    values = table.set_index(["query_id", "metric"])["value"]
+    assert values[("q1", "RR@10")] == pytest.approx(0.5)
+    assert values[("q2", "RR@10")] == 0.0
+    expected = ir_measures.calc_aggregate([ir_measures.parse_measure("nDCG@10")], qrels[qrels.query_id == "q1"], run)
+    assert values[("q1", "nDCG@10")] == pytest.approx(list(expected.values())[0])
+
+
+def test_negatives_never_contain_positives():
+    passages = pd.DataFrame({"passage_id": ["a#0", "a#1", "b#0", "c#0"], "doc_id": ["a", "a", "b", "c"]})
+    qrels = pd.DataFrame({"query_id": ["q"], "doc_id": ["a"], "relevance": [1]})
+    run = pd.DataFrame({"query_id": ["q"] * 4, "passage_id": ["b#0", "a#1", "c#0", "a#0"],
+                        "score": np.float32([4, 3, 2, 1]), "rank": np.int32([1, 2, 3, 4])})
+    negs = negatives_from_run(run, positive_passages(qrels, passages), depth=3)
+    assert negs["passage_id"].tolist() == ["b#0", "c#0"]
+    assert negs["rank"].tolist() == [1, 2]
+
+
+def test_holm_against_hand_computation():
+    # p = [0.01, 0.04, 0.03]: sorted 0.01*3 = 0.03, 0.03*2 = 0.06, max(0.06, 0.04*1) = 0.06
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert math.isnan(holm([float("nan"), 0.2])[0])
+
+
+def test_comparison_aggregates_and_tests_against_the_baseline():
+    rng = np.random.default_rng(0)
+    qids = [f"q{i}" for i in range(30)]
+    base = rng.uniform(0, 0.5, size=30)
+    better = base + 0.3 + rng.normal(0, 0.01, 30)
+    per_query = {
+        ("c", "bm25"): pd.DataFrame({"query_id": qids, "metric": "RR@10", "value": base}),
+        ("c", "none/r1"): pd.DataFrame({"query_id": qids, "metric": "RR@10", "value": better}),
+        ("c", "none/r2"): pd.DataFrame({"query_id": qids, "metric": "RR@10", "value": base + rng.normal(0, 0.01, 30)}),
+    }
+    table = build_comparison(per_query, ["bm25"])
+    row = table.set_index("system").loc["none/r1"]
+    assert row["value"] == pytest.approx(better.mean())
+    assert row["n_queries"] == 30
+    assert row["delta_bm25"] == pytest.approx(better.mean() - base.mean())
+    raw_r1 = stats.ttest_rel(better, base).pvalue
+    raw_r2 = stats.ttest_rel(per_query[("c", "none/r2")]["value"], base).pvalue
+    # Holm over the two rows: the smaller p-value times 2, the larger times 1 (kept monotone).
+    assert row["p_bm25"] == pytest.approx(2 * raw_r1)
+    assert table.set_index("system").loc["none/r2", "p_bm25"] == pytest.approx(max(2 * raw_r1, raw_r2))
+    md = to_markdown(table, ["bm25"], ["none"], ["RR@10"])
+    assert "| none/r1 |" in md and "b↑" in md.split("| none/r1 |")[1].splitlines()[0]

@@ -1,0 +1,77 @@
+"""The table schemas (checked reads and atomic writes) and the config validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from dprflow.config import ConfigError, load_config, validate_config
+from dprflow.schemas import SchemaError, atomic_path, read_table, write_table
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = ROOT / "config" / "schema.yaml"
+
+
+def test_write_read_round_trip(tmp_path):
+    df = pd.DataFrame({"query_id": ["q1"], "doc_id": ["d1"], "relevance": [2]})
+    write_table(df, tmp_path / "qrels.parquet", "qrels")
+    back = read_table(tmp_path / "qrels.parquet", "qrels")
+    assert back.to_dict("records") == [{"query_id": "q1", "doc_id": "d1", "relevance": 2}]
+
+
+def test_wrong_column_type_names_file_and_column(tmp_path):
+    df = pd.DataFrame({"query_id": ["q1"], "doc_id": ["d1"], "relevance": ["high"]})
+    with pytest.raises(SchemaError, match=r"qrels\.parquet.*'relevance'"):
+        write_table(df, tmp_path / "qrels.parquet", "qrels")
+    assert not list(tmp_path.iterdir()), "a failed write must leave nothing behind"
+
+
+def test_read_rejects_a_table_of_another_type(tmp_path):
+    pd.DataFrame({"query_id": ["q1"], "doc_id": ["d1"], "relevance": [1.5]}).to_parquet(tmp_path / "x.parquet")
+    with pytest.raises(SchemaError, match=r"x\.parquet: column 'relevance' has type double"):
+        read_table(tmp_path / "x.parquet", "qrels")
+
+
+def test_null_value_names_the_row(tmp_path):
+    df = pd.DataFrame({"query_id": ["q1", None], "text": ["a", "b"], "split": ["train", "test"]})
+    with pytest.raises(SchemaError, match="null at row 1"):
+        write_table(df, tmp_path / "q.parquet", "queries")
+
+
+def test_atomic_path_leaves_nothing_on_failure(tmp_path):
+    with pytest.raises(RuntimeError), atomic_path(tmp_path / "out.txt") as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("boom")
+    assert not list(tmp_path.iterdir())
+
+
+def test_default_config_is_valid_and_gets_defaults():
+    config = load_config(ROOT / "config" / "config.yaml", SCHEMA)
+    assert config["bm25"]["k1"] == 0.9
+    assert config["finetune"]["reranker"]["weight_decay"] == 0.01  # filled from the schema
+
+
+def test_example_configs_are_valid():
+    for path in (ROOT / "config" / "examples").glob("*.yaml"):
+        load_config(path, SCHEMA)
+
+
+def test_unknown_key_is_named_with_the_allowed_ones():
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    config["bm25"]["k3"] = 1.2
+    with pytest.raises(ConfigError, match=r"unknown config key\(s\) \['k3'\] at bm25; allowed: b, hits, k1"):
+        validate_config(config, SCHEMA)
+
+
+def test_unknown_value_lists_the_allowed_ones():
+    config = {"collections": {"c": {"source": "trec"}}}
+    with pytest.raises(ConfigError, match=r"collections\.c\.source = 'trec' is not allowed; allowed: embedded, beir"):
+        validate_config(config, SCHEMA)
+
+
+def test_source_specific_keys_are_checked():
+    with pytest.raises(ConfigError, match="source 'beir' needs the key 'path'"):
+        validate_config({"collections": {"c": {"source": "beir"}}}, SCHEMA)

