@@ -28,7 +28,7 @@ include: "rules/evaluation.smk"
 
 
 rule all:
+    default_target: True
     input:
         rules.compare.output,
         nb_recall_files(),
-    default_target: True

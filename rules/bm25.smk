@@ -11,12 +11,12 @@ rule bm25_index:
         f"{LOGS}/{{collection}}/bm25_index.log",
     benchmark:
         f"{BENCHMARKS}/{{collection}}/bm25_index.tsv"
+    conda:
+        "../envs/bm25.yaml"
     threads: 2
     resources:
         mem_mb=6000,
         runtime=60,
-    conda:
-        "../envs/bm25.yaml"
     shell:
         "python -m dprflow.stages.bm25_index --passages {input.passages} --index {output.index}"
         " --threads {threads} > {log} 2>&1"
@@ -30,21 +30,21 @@ rule bm25_search:
     output:
         run=f"{RESULTS}/{{collection}}/bm25/run.parquet",
         trec=f"{RESULTS}/{{collection}}/bm25/run.trec",
+    log:
+        f"{LOGS}/{{collection}}/bm25_search.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/bm25_search.tsv"
+    conda:
+        "../envs/bm25.yaml"
+    threads: 2
+    resources:
+        mem_mb=6000,
+        runtime=60,
     params:
         split=eval_split,
         k=config["bm25"]["hits"],
         k1=config["bm25"]["k1"],
         b=config["bm25"]["b"],
-    log:
-        f"{LOGS}/{{collection}}/bm25_search.log",
-    benchmark:
-        f"{BENCHMARKS}/{{collection}}/bm25_search.tsv"
-    threads: 2
-    resources:
-        mem_mb=6000,
-        runtime=60,
-    conda:
-        "../envs/bm25.yaml"
     shell:
         "python -m dprflow.stages.bm25_search --index {input.index} --queries {input.queries}"
         " --split {params.split} --out {output.run} --trec {output.trec} --k {params.k}"
@@ -60,21 +60,21 @@ rule bm25_negatives:
         passages=rules.split_passages.output.passages,
     output:
         negatives=f"{RESULTS}/{{collection}}/bm25/negatives.parquet",
+    log:
+        f"{LOGS}/{{collection}}/bm25_negatives.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/bm25_negatives.tsv"
+    conda:
+        "../envs/bm25.yaml"
+    threads: 2
+    resources:
+        mem_mb=6000,
+        runtime=60,
     params:
         split=train_split,
         depth=config["bm25"]["negatives_depth"],
         k1=config["bm25"]["k1"],
         b=config["bm25"]["b"],
-    log:
-        f"{LOGS}/{{collection}}/bm25_negatives.log",
-    benchmark:
-        f"{BENCHMARKS}/{{collection}}/bm25_negatives.tsv"
-    threads: 2
-    resources:
-        mem_mb=6000,
-        runtime=60,
-    conda:
-        "../envs/bm25.yaml"
     shell:
         "python -m dprflow.stages.bm25_negatives --index {input.index} --queries {input.queries}"
         " --qrels {input.qrels} --passages {input.passages} --split {params.split}"

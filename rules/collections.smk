@@ -9,19 +9,19 @@ rule ingest:
         documents=f"{RESULTS}/{{collection}}/collection/documents.parquet",
         queries=f"{RESULTS}/{{collection}}/collection/queries.parquet",
         qrels=f"{RESULTS}/{{collection}}/collection/qrels.parquet",
-    params:
-        flags=ingest_flags,
-        out_dir=ingest_out_dir,
     log:
         f"{LOGS}/{{collection}}/ingest.log",
     benchmark:
         f"{BENCHMARKS}/{{collection}}/ingest.tsv"
+    conda:
+        "../envs/collections.yaml"
     threads: 1
     resources:
         mem_mb=4000,
         runtime=30,
-    conda:
-        "../envs/collections.yaml"
+    params:
+        flags=ingest_flags,
+        out_dir=ingest_out_dir,
     shell:
         "python -m dprflow.stages.ingest {params.flags} --out-dir {params.out_dir} > {log} 2>&1"
 
@@ -32,19 +32,19 @@ rule split_passages:
         documents=rules.ingest.output.documents,
     output:
         passages=f"{RESULTS}/{{collection}}/passages.parquet",
-    params:
-        model=config["model"]["init"],
-        max_tokens=config["passages"]["max_tokens"],
     log:
         f"{LOGS}/{{collection}}/split_passages.log",
     benchmark:
         f"{BENCHMARKS}/{{collection}}/split_passages.tsv"
+    conda:
+        "../envs/collections.yaml"
     threads: 1
     resources:
         mem_mb=4000,
         runtime=30,
-    conda:
-        "../envs/collections.yaml"
+    params:
+        model=config["model"]["init"],
+        max_tokens=config["passages"]["max_tokens"],
     shell:
         "python -m dprflow.stages.split_passages --documents {input.documents} --out {output.passages}"
         " --model {params.model} --max-tokens {params.max_tokens} > {log} 2>&1"

@@ -2,13 +2,15 @@
 
 import json
 import os
+import shlex
 import sys
 
-# The stage modules run as `python -m dprflow.stages.<rule>`; make the package importable in every
-# job (local, conda or cluster) without requiring it to be installed.
-SRC = os.path.join(workflow.basedir, "src")
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p)
+# The stage modules run as `python -m dprflow.stages.<rule>`; the shell prefix makes the package
+# importable in every job (local, conda or cluster) without requiring it to be installed.
+SRC = f"{workflow.basedir}/src"
 sys.path.insert(0, SRC)
+PYTHONPATH = os.pathsep.join(p for p in (SRC, os.getenv("PYTHONPATH")) if p)
+shell.prefix(f"export PYTHONPATH={shlex.quote(PYTHONPATH)}; ")
 
 from dprflow.config import validate_config  # noqa: E402
 
@@ -21,7 +23,12 @@ STAGES = ["zeroshot", "r1", "r2", "rerank", "distill"]
 wildcard_constraints:
     collection="[A-Za-z0-9_-]+",
     method="[A-Za-z0-9_-]+",
-    system="bm25|[A-Za-z0-9_-]+/(" + "|".join(STAGES) + ")",
+    system=f"bm25|[A-Za-z0-9_-]+/({'|'.join(STAGES)})",
+
+
+def compare_results_dir(wildcards, output):
+    """The results folder the compared metrics files are relative to (where compare.md goes)."""
+    return os.path.dirname(output.md)
 
 
 def stage_code(name):
@@ -48,8 +55,11 @@ def ingest_inputs(wildcards):
         return []
     root = spec["path"]
     files = [os.path.join(root, "corpus.jsonl"), os.path.join(root, "queries.jsonl")]
-    files += [os.path.join(root, "qrels", f"{s}.tsv") for s in ("train", "dev", "test")
-              if os.path.exists(os.path.join(root, "qrels", f"{s}.tsv"))]
+    files += [
+        os.path.join(root, "qrels", f"{s}.tsv")
+        for s in ("train", "dev", "test")
+        if os.path.exists(os.path.join(root, "qrels", f"{s}.tsv"))
+    ]
     return files
 
 
@@ -59,9 +69,9 @@ def ingest_flags(wildcards):
     if spec["source"] == "embedded" and spec.get("max_documents") is not None:
         flags.append(f"--max-documents {spec['max_documents']}")
     if spec["source"] == "beir":
-        flags.append(f"--path '{spec['path']}'")
+        flags.append(f"--path {shlex.quote(spec['path'])}")
     if spec["source"] == "ir_datasets":
-        flags.append("--ir-datasets '" + json.dumps(spec["ir_datasets"]) + "'")
+        flags.append(f"--ir-datasets {shlex.quote(json.dumps(spec['ir_datasets']))}")
     return " ".join(flags)
 
 
@@ -83,11 +93,19 @@ def systems():
 
 
 def nb_recall_files():
-    return [f"{RESULTS}/{c}/{m}/nb_recall.parquet" for c in config["collections"] for m in config["methods"]]
+    return [
+        f"{RESULTS}/{c}/{m}/nb_recall.parquet"
+        for c in config["collections"]
+        for m in config["methods"]
+    ]
 
 
 def metrics_files():
-    return [f"{RESULTS}/{c}/{s}/metrics.parquet" for c in config["collections"] for s in systems()]
+    return [
+        f"{RESULTS}/{c}/{s}/metrics.parquet"
+        for c in config["collections"]
+        for s in systems()
+    ]
 
 
 # ---- the fine-tuning pipeline ---------------------------------------------------------------
@@ -145,31 +163,40 @@ def retriever_inputs(wildcards):
         if FT["r2_bm25_fraction"] > 0:
             out["extra"] = f"{base}/bm25/negatives.parquet"
         return out
-    return {"negatives": f"{method}/r2/negatives.parquet", "teacher": f"{method}/rerank/teacher_scores.parquet"}
+    return {
+        "negatives": f"{method}/r2/negatives.parquet",
+        "teacher": f"{method}/rerank/teacher_scores.parquet",
+    }
 
 
 def retriever_flags(wildcards, input):
     """Hyper-parameters of one trained retriever (distillation has its own section)."""
-    common = (f"--pooling {FT['pooling']} --shared {str(FT['shared_encoder']).lower()} --seed {FT['seed']}"
-              f" --max-query-length {FT['max_query_length']} --max-passage-length {FT['max_passage_length']}"
-              f" --checkpoint-every {FT['checkpoint_every']}")
+    common = (
+        f"--pooling {FT['pooling']} --shared {str(FT['shared_encoder']).lower()} --seed {FT['seed']}"
+        f" --max-query-length {FT['max_query_length']} --max-passage-length {FT['max_passage_length']}"
+        f" --checkpoint-every {FT['checkpoint_every']}"
+    )
     if wildcards.trained == "distill":
         d = FT["distill"]
-        flags = (f" --teacher {input.teacher} --alpha {d['alpha']} --direction {d['direction']}"
-                 f" --temperature {d['temperature']}")
+        flags = (
+            f" --teacher {input.teacher} --alpha {d['alpha']} --direction {d['direction']}"
+            f" --temperature {d['temperature']}"
+        )
     else:
         d = FT["retriever"]
         flags = f" --temperature {d['temperature']}"
         if "extra" in input.keys():
             flags += f" --extra-negatives {input.extra} --extra-fraction {FT['r2_bm25_fraction']}"
-    return common + flags + optim_flags(d)
+    return f"{common}{flags}{optim_flags(d)}"
 
 
 def optim_flags(section):
-    return (f" --batch-size {section['batch_size']} --group-size {section['group_size']}"
-            f" --learning-rate {section['learning_rate']} --weight-decay {section['weight_decay']}"
-            f" --warmup-ratio {section['warmup_ratio']} --epochs {section['epochs']}"
-            f" --max-steps {section['max_steps']}")
+    return (
+        f" --batch-size {section['batch_size']} --group-size {section['group_size']}"
+        f" --learning-rate {section['learning_rate']} --weight-decay {section['weight_decay']}"
+        f" --warmup-ratio {section['warmup_ratio']} --epochs {section['epochs']}"
+        f" --max-steps {section['max_steps']}"
+    )
 
 
 def mining_depth(wildcards):
@@ -182,4 +209,7 @@ def reranker_init():
 
 def reranker_flags():
     r = FT["reranker"]
-    return optim_flags(r) + f" --max-length {r['max_length']} --seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}"
+    return (
+        optim_flags(r)
+        + f" --max-length {r['max_length']} --seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}"
+    )

@@ -10,19 +10,19 @@ rule evaluate:
         qrels=rules.ingest.output.qrels,
     output:
         metrics=f"{RESULTS}/{{collection}}/{{system}}/metrics.parquet",
-    params:
-        split=eval_split,
-        metrics=" ".join(config["evaluation"]["metrics"]),
     log:
         f"{LOGS}/{{collection}}/evaluate/{{system}}.log",
     benchmark:
         f"{BENCHMARKS}/{{collection}}/evaluate/{{system}}.tsv"
+    conda:
+        "../envs/evaluation.yaml"
     threads: 1
     resources:
         mem_mb=4000,
         runtime=30,
-    conda:
-        "../envs/evaluation.yaml"
+    params:
+        split=eval_split,
+        metrics=" ".join(config["evaluation"]["metrics"]),
     shell:
         "python -m dprflow.stages.evaluate --run {input.run} --passages {input.passages}"
         " --queries {input.queries} --qrels {input.qrels} --split {params.split}"
@@ -36,21 +36,22 @@ rule compare:
     output:
         md=f"{RESULTS}/compare.md",
         csv=f"{RESULTS}/compare.csv",
-    params:
-        metrics=" ".join(config["evaluation"]["metrics"]),
-        methods=" ".join(config["methods"]),
-        baseline=config["evaluation"]["baseline"],
     log:
         f"{LOGS}/compare.log",
     benchmark:
         f"{BENCHMARKS}/compare.tsv"
+    conda:
+        "../envs/evaluation.yaml"
     threads: 1
     resources:
         mem_mb=2000,
         runtime=10,
-    conda:
-        "../envs/evaluation.yaml"
+    params:
+        metrics=" ".join(config["evaluation"]["metrics"]),
+        methods=" ".join(config["methods"]),
+        baseline=config["evaluation"]["baseline"],
+        results=compare_results_dir,
     shell:
-        "python -m dprflow.stages.compare --metrics-files {input.metrics} --results-dir {RESULTS}"
+        "python -m dprflow.stages.compare --metrics-files {input.metrics} --results-dir {params.results}"
         " --out-md {output.md} --out-csv {output.csv} --metrics {params.metrics}"
         " --methods {params.methods} --baseline {params.baseline} > {log} 2>&1"

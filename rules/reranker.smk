@@ -11,21 +11,21 @@ rule train_reranker:
         negatives=f"{RESULTS}/{{collection}}/{{method}}/r2/negatives.parquet",
     output:
         model=directory(f"{RESULTS}/{{collection}}/{{method}}/rerank/model"),
+    log:
+        f"{LOGS}/{{collection}}/{{method}}/train_reranker.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/{{method}}/train_reranker.tsv"
+    conda:
+        "../envs/training.yaml"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=240,
     params:
         init=reranker_init(),
         split=train_split,
         flags=reranker_flags(),
         checkpoints=f"{RESULTS}/{{collection}}/{{method}}/rerank/checkpoints",
-    log:
-        f"{LOGS}/{{collection}}/{{method}}/train_reranker.log",
-    benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/train_reranker.tsv"
-    threads: 2
-    resources:
-        mem_mb=8000,
-        runtime=240,
-    conda:
-        "../envs/training.yaml"
     shell:
         "python -m dprflow.stages.train_reranker --init {params.init} --queries {input.queries}"
         " --qrels {input.qrels} --passages {input.passages} --negatives {input.negatives}"
@@ -43,19 +43,19 @@ rule rerank:
     output:
         run=f"{RESULTS}/{{collection}}/{{method}}/rerank/run.parquet",
         trec=f"{RESULTS}/{{collection}}/{{method}}/rerank/run.trec",
-    params:
-        depth=FT["reranker"]["depth"],
-        max_length=FT["reranker"]["max_length"],
     log:
         f"{LOGS}/{{collection}}/{{method}}/rerank.log",
     benchmark:
         f"{BENCHMARKS}/{{collection}}/{{method}}/rerank.tsv"
+    conda:
+        "../envs/training.yaml"
     threads: 2
     resources:
         mem_mb=8000,
         runtime=120,
-    conda:
-        "../envs/training.yaml"
+    params:
+        depth=FT["reranker"]["depth"],
+        max_length=FT["reranker"]["max_length"],
     shell:
         "python -m dprflow.stages.rerank --model {input.model} --run {input.run}"
         " --queries {input.queries} --passages {input.passages} --out {output.run}"
@@ -73,22 +73,24 @@ rule score_candidates:
         passages=rules.split_passages.output.passages,
     output:
         scores=f"{RESULTS}/{{collection}}/{{method}}/rerank/teacher_scores.parquet",
-    params:
-        split=train_split,
-        candidates=FT["distill"]["candidates"],
-        max_length=FT["reranker"]["max_length"],
     log:
         f"{LOGS}/{{collection}}/{{method}}/score_candidates.log",
     benchmark:
         f"{BENCHMARKS}/{{collection}}/{{method}}/score_candidates.tsv"
+    conda:
+        "../envs/training.yaml"
     threads: 2
     resources:
         mem_mb=8000,
         runtime=120,
-    conda:
-        "../envs/training.yaml"
+    params:
+        split=train_split,
+        candidates=FT["distill"]["candidates"],
+        max_queries=FT["distill"]["max_queries"] or 0,
+        max_length=FT["reranker"]["max_length"],
     shell:
         "python -m dprflow.stages.score_candidates --model {input.model} --negatives {input.negatives}"
         " --queries {input.queries} --qrels {input.qrels} --passages {input.passages}"
         " --out {output.scores} --split {params.split} --candidates {params.candidates}"
+        " --max-queries {params.max_queries}"
         " --max-length {params.max_length} --threads {threads} > {log} 2>&1"

@@ -11,21 +11,21 @@ rule train_retriever:
         passages=rules.split_passages.output.passages,
     output:
         model=directory(f"{RESULTS}/{{collection}}/{{method}}/{{trained}}/model"),
+    log:
+        f"{LOGS}/{{collection}}/{{method}}/train_retriever_{{trained}}.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/{{method}}/train_retriever_{{trained}}.tsv"
+    conda:
+        "../envs/training.yaml"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=240,
     params:
         init=method_init,
         split=train_split,
         flags=retriever_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{method}}/{{trained}}/checkpoints",
-    log:
-        f"{LOGS}/{{collection}}/{{method}}/train_retriever_{{trained}}.log",
-    benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/train_retriever_{{trained}}.tsv"
-    threads: 2
-    resources:
-        mem_mb=8000,
-        runtime=240,
-    conda:
-        "../envs/training.yaml"
     shell:
         "python -m dprflow.stages.train_retriever --init {params.init} --queries {input.queries}"
         " --qrels {input.qrels} --passages {input.passages} --negatives {input.negatives}"
@@ -40,21 +40,21 @@ rule encode_corpus:
         model=encoder_inputs,
     output:
         embeddings=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/embeddings/shard_{{shard}}.parquet",
+    log:
+        f"{LOGS}/{{collection}}/{{method}}/encode_corpus_{{retriever}}_{{shard}}.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/{{method}}/encode_corpus_{{retriever}}_{{shard}}.tsv"
+    conda:
+        "../envs/training.yaml"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=120,
     params:
         encoder=encoder_flags,
         num_shards=FT["encode_shards"],
         max_length=FT["max_passage_length"],
         batch_size=FT["encode_batch_size"],
-    log:
-        f"{LOGS}/{{collection}}/{{method}}/encode_corpus_{{retriever}}_{{shard}}.log",
-    benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/encode_corpus_{{retriever}}_{{shard}}.tsv"
-    threads: 2
-    resources:
-        mem_mb=8000,
-        runtime=120,
-    conda:
-        "../envs/training.yaml"
     shell:
         "python -m dprflow.stages.encode_corpus {params.encoder} --passages {input.passages}"
         " --out {output.embeddings} --shard {wildcards.shard} --num-shards {params.num_shards}"
@@ -72,6 +72,16 @@ rule search_dense:
         run=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/run.parquet",
         trec=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/run.trec",
         train_run=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/train_run.parquet",
+    log:
+        f"{LOGS}/{{collection}}/{{method}}/search_dense_{{retriever}}.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/{{method}}/search_dense_{{retriever}}.tsv"
+    conda:
+        "../envs/training.yaml"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=60,
     params:
         encoder=encoder_flags,
         eval_split=eval_split,
@@ -79,16 +89,6 @@ rule search_dense:
         depth=FT["search_depth"],
         train_depth=train_depth(),
         max_length=FT["max_query_length"],
-    log:
-        f"{LOGS}/{{collection}}/{{method}}/search_dense_{{retriever}}.log",
-    benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/search_dense_{{retriever}}.tsv"
-    threads: 2
-    resources:
-        mem_mb=8000,
-        runtime=60,
-    conda:
-        "../envs/training.yaml"
     shell:
         "python -m dprflow.stages.search_dense {params.encoder} --embeddings {input.embeddings}"
         " --queries {input.queries} --out {output.run} --trec {output.trec}"
@@ -106,18 +106,18 @@ rule mine_negatives:
         passages=rules.split_passages.output.passages,
     output:
         negatives=f"{RESULTS}/{{collection}}/{{method}}/{{trained}}/negatives.parquet",
-    params:
-        depth=mining_depth,
     log:
         f"{LOGS}/{{collection}}/{{method}}/mine_negatives_{{trained}}.log",
     benchmark:
         f"{BENCHMARKS}/{{collection}}/{{method}}/mine_negatives_{{trained}}.tsv"
+    conda:
+        "../envs/evaluation.yaml"
     threads: 1
     resources:
         mem_mb=4000,
         runtime=30,
-    conda:
-        "../envs/evaluation.yaml"
+    params:
+        depth=mining_depth,
     shell:
         "python -m dprflow.stages.mine_negatives --run {input.run} --qrels {input.qrels}"
         " --passages {input.passages} --out {output.negatives} --depth {params.depth} > {log} 2>&1"
@@ -130,19 +130,19 @@ rule nb_recall:
         run_r2=f"{RESULTS}/{{collection}}/{{method}}/r2/run.parquet",
     output:
         table=f"{RESULTS}/{{collection}}/{{method}}/nb_recall.parquet",
-    params:
-        n=" ".join(map(str, FT["nb_recall_n"])),
-        k=" ".join(map(str, FT["nb_recall_k"])),
     log:
         f"{LOGS}/{{collection}}/{{method}}/nb_recall.log",
     benchmark:
         f"{BENCHMARKS}/{{collection}}/{{method}}/nb_recall.tsv"
+    conda:
+        "../envs/evaluation.yaml"
     threads: 1
     resources:
         mem_mb=4000,
         runtime=30,
-    conda:
-        "../envs/evaluation.yaml"
+    params:
+        n=" ".join(map(str, FT["nb_recall_n"])),
+        k=" ".join(map(str, FT["nb_recall_k"])),
     shell:
         "python -m dprflow.stages.nb_recall --run-r1 {input.run_r1} --run-r2 {input.run_r2}"
         " --out {output.table} --n {params.n} --k {params.k} > {log} 2>&1"

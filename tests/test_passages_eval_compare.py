@@ -40,8 +40,13 @@ class WordTokenizer:
 
 
 def test_split_documents_ids_parent_and_empty_rule():
-    docs = pd.DataFrame({"doc_id": ["d1", "d2", "d3"], "title": ["T", "", "Only title"],
-                         "text": ["A b c. D e f. G h.", "", ""]})
+    docs = pd.DataFrame(
+        {
+            "doc_id": ["d1", "d2", "d3"],
+            "title": ["T", "", "Only title"],
+            "text": ["A b c. D e f. G h.", "", ""],
+        }
+    )
     passages, counts = split_documents(docs, WordTokenizer(), max_tokens=5)
     assert passages["passage_id"].tolist() == ["d1#0", "d1#1", "d3#0"]
     assert passages["doc_id"].tolist() == ["d1", "d1", "d3"]
@@ -52,14 +57,17 @@ def test_split_documents_ids_parent_and_empty_rule():
 
 def test_maxp_takes_the_best_passage():
     passages = pd.DataFrame({"passage_id": ["d1#0", "d1#1", "d2#0"], "doc_id": ["d1", "d1", "d2"]})
-    run = pd.DataFrame({"query_id": ["q"] * 3, "passage_id": ["d1#1", "d2#0", "d1#0"], "score": [3.0, 2.0, 1.0]})
+    run = pd.DataFrame(
+        {"query_id": ["q"] * 3, "passage_id": ["d1#1", "d2#0", "d1#0"], "score": [3.0, 2.0, 1.0]}
+    )
     doc_run = passage_run_to_doc_run(run, passages)
     assert doc_run.set_index("doc_id")["score"].to_dict() == {"d1": 3.0, "d2": 2.0}
 
 
 def test_evaluate_matches_ir_measures_and_scores_missing_queries_zero():
-    qrels = pd.DataFrame({"query_id": ["q1", "q1", "q2", "q3"], "doc_id": ["a", "b", "c", "d"],
-                          "relevance": [1, 2, 1, 0]})
+    qrels = pd.DataFrame(
+        {"query_id": ["q1", "q1", "q2", "q3"], "doc_id": ["a", "b", "c", "d"], "relevance": [1, 2, 1, 0]}
+    )
     run = pd.DataFrame({"query_id": ["q1", "q1", "q1"], "doc_id": ["x", "b", "a"], "score": [3.0, 2.0, 1.0]})
     table = evaluate_run(run, qrels, ["q1", "q2", "q3"], ["RR@10", "nDCG@10"])
     # q3 has no relevant judgment: not scored; q2 has no results: scored 0.
@@ -67,15 +75,23 @@ def test_evaluate_matches_ir_measures_and_scores_missing_queries_zero():
     values = table.set_index(["query_id", "metric"])["value"]
     assert values[("q1", "RR@10")] == pytest.approx(0.5)
     assert values[("q2", "RR@10")] == 0.0
-    expected = ir_measures.calc_aggregate([ir_measures.parse_measure("nDCG@10")], qrels[qrels.query_id == "q1"], run)
+    expected = ir_measures.calc_aggregate(
+        [ir_measures.parse_measure("nDCG@10")], qrels[qrels.query_id == "q1"], run
+    )
     assert values[("q1", "nDCG@10")] == pytest.approx(list(expected.values())[0])
 
 
 def test_negatives_never_contain_positives():
     passages = pd.DataFrame({"passage_id": ["a#0", "a#1", "b#0", "c#0"], "doc_id": ["a", "a", "b", "c"]})
     qrels = pd.DataFrame({"query_id": ["q"], "doc_id": ["a"], "relevance": [1]})
-    run = pd.DataFrame({"query_id": ["q"] * 4, "passage_id": ["b#0", "a#1", "c#0", "a#0"],
-                        "score": np.float32([4, 3, 2, 1]), "rank": np.int32([1, 2, 3, 4])})
+    run = pd.DataFrame(
+        {
+            "query_id": ["q"] * 4,
+            "passage_id": ["b#0", "a#1", "c#0", "a#0"],
+            "score": np.float32([4, 3, 2, 1]),
+            "rank": np.int32([1, 2, 3, 4]),
+        }
+    )
     negs = negatives_from_run(run, positive_passages(qrels, passages), depth=3)
     assert negs["passage_id"].tolist() == ["b#0", "c#0"]
     assert negs["rank"].tolist() == [1, 2]
@@ -95,7 +111,9 @@ def test_comparison_aggregates_and_tests_against_the_baseline():
     per_query = {
         ("c", "bm25"): pd.DataFrame({"query_id": qids, "metric": "RR@10", "value": base}),
         ("c", "none/r1"): pd.DataFrame({"query_id": qids, "metric": "RR@10", "value": better}),
-        ("c", "none/r2"): pd.DataFrame({"query_id": qids, "metric": "RR@10", "value": base + rng.normal(0, 0.01, 30)}),
+        ("c", "none/r2"): pd.DataFrame(
+            {"query_id": qids, "metric": "RR@10", "value": base + rng.normal(0, 0.01, 30)}
+        ),
     }
     table = build_comparison(per_query, ["bm25"])
     row = table.set_index("system").loc["none/r1"]

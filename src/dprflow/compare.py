@@ -58,9 +58,7 @@ def paired_ttest(a: pd.Series, b: pd.Series) -> float:
     return float(stats.ttest_rel(joined.iloc[:, 0], joined.iloc[:, 1]).pvalue)
 
 
-def build_comparison(
-    per_query: dict[tuple[str, str], pd.DataFrame], references: list[str]
-) -> pd.DataFrame:
+def build_comparison(per_query: dict[tuple[str, str], pd.DataFrame], references: list[str]) -> pd.DataFrame:
     """Long table of aggregates and significance against each reference system.
 
     ``per_query`` maps (collection, system) to a (query_id, metric, value) table. For each reference
@@ -70,7 +68,9 @@ def build_comparison(
     rows = []
     for (collection, system), table in per_query.items():
         for metric, group in table.groupby("metric", sort=False):
-            rows.append((collection, system, metric, float(group["value"].mean()), int(group["query_id"].nunique())))
+            rows.append(
+                (collection, system, metric, float(group["value"].mean()), int(group["query_id"].nunique()))
+            )
     out = pd.DataFrame(rows, columns=["collection", "system", "metric", "value", "n_queries"])
     for ref in references:
         key = ref.replace("/", "_")
@@ -108,8 +108,10 @@ def _marker(row: pd.Series, references: list[str], letters: dict[str, str]) -> s
 
 def to_markdown(table: pd.DataFrame, references: list[str], methods: list[str], metrics: list[str]) -> str:
     """One row per system, one column per (collection, metric); significance markers in the cells."""
-    letters = {ref: ("b" if ref == references[0] else "z" if ref.endswith("zeroshot") else f"r{i}")
-               for i, ref in enumerate(references)}
+    letters = {
+        ref: ("b" if ref == references[0] else "z" if ref.endswith("zeroshot") else f"r{i}")
+        for i, ref in enumerate(references)
+    }
     collections = list(dict.fromkeys(table["collection"]))
     metric_order = [m for m in metrics if m in set(table["metric"])]
     systems = sorted(set(table["system"]), key=lambda s: system_sort_key(s, methods))

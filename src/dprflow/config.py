@@ -77,7 +77,9 @@ def validate_config(config: dict, schema_path: str | Path) -> dict:
     schema = yaml.safe_load(Path(schema_path).read_text())
     _fill_defaults(config, schema)
     validator = jsonschema.Draft202012Validator(schema)
-    problems = [_message(e) for e in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.path)))]
+    problems = [
+        _message(e) for e in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.path)))
+    ]
     if not problems:
         problems = _check_sources(config)
     if problems:

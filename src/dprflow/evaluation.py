@@ -34,7 +34,9 @@ def parse_metrics(names: list[str]) -> list:
         try:
             measures.append(ir_measures.parse_measure(name))
         except (ValueError, NameError, SyntaxError) as exc:
-            raise ValueError(f"unknown metric {name!r} (ir_measures names, e.g. RR@10, nDCG@10, R@1000)") from exc
+            raise ValueError(
+                f"unknown metric {name!r} (ir_measures names, e.g. RR@10, nDCG@10, R@1000)"
+            ) from exc
     return measures
 
 

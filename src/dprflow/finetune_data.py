@@ -68,8 +68,13 @@ def build_training_queries(
     if teacher is not None:
         for qid, group in teacher.groupby("query_id", sort=False):
             scores[qid] = dict(zip(group["passage_id"], group["score"].astype(float), strict=True))
-    counts = {"queries": len(chosen), "skipped_no_positive": 0, "skipped_empty_negative_pool": 0,
-              "skipped_no_teacher_scores": 0, "negatives_that_were_positives_removed": 0}
+    counts = {
+        "queries": len(chosen),
+        "skipped_no_positive": 0,
+        "skipped_empty_negative_pool": 0,
+        "skipped_no_teacher_scores": 0,
+        "negatives_that_were_positives_removed": 0,
+    }
     items = []
     for qid, text in chosen[["query_id", "text"]].itertuples(index=False):
         pos = positives.get(qid, [])

@@ -33,7 +33,9 @@ def resolve_model(name_or_path: str) -> str:
     path = Path(name_or_path).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
-            raise ValueError(f"model path {path} exists but holds no config.json (not a Hugging Face model folder)")
+            raise ValueError(
+                f"model path {path} exists but holds no config.json (not a Hugging Face model folder)"
+            )
         return str(path.resolve())
     return name_or_path
 

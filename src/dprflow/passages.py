@@ -26,7 +26,9 @@ def split_sentences(text: str) -> list[str]:
     return [s.strip() for s in _SENTENCE_END.split(text) if s and s.strip()]
 
 
-def _pieces(sentence: str, n: int, max_tokens: int, count: Callable[[list[str]], list[int]]) -> Iterable[tuple[str, int]]:
+def _pieces(
+    sentence: str, n: int, max_tokens: int, count: Callable[[list[str]], list[int]]
+) -> Iterable[tuple[str, int]]:
     """Yield (text, n_tokens) pieces of a sentence that fit in max_tokens, cut at word boundaries."""
     if n <= max_tokens:
         yield sentence, n
@@ -76,7 +78,9 @@ def token_counter(tokenizer) -> Callable[[list[str]], list[int]]:
     return count
 
 
-def split_documents(documents: pd.DataFrame, tokenizer, max_tokens: int) -> tuple[pd.DataFrame, dict[str, int]]:
+def split_documents(
+    documents: pd.DataFrame, tokenizer, max_tokens: int
+) -> tuple[pd.DataFrame, dict[str, int]]:
     """Return the passages table and counts of what was done (see the module docstring for the rule)."""
     count = token_counter(tokenizer)
     rows = []

@@ -13,7 +13,12 @@ log = logging.getLogger(__name__)
 
 
 def score_pairs(
-    model, tokenizer, queries: Sequence[str], passages: Sequence[str], max_length: int, batch_size: int = 64,
+    model,
+    tokenizer,
+    queries: Sequence[str],
+    passages: Sequence[str],
+    max_length: int,
+    batch_size: int = 64,
     device: str | torch.device = "cpu",
 ) -> np.ndarray:
     """Scores of (query, passage) pairs, in input order; pairs are batched by length (less padding)."""
@@ -23,8 +28,14 @@ def score_pairs(
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            enc = tokenizer([queries[i] for i in idx], [passages[i] for i in idx], max_length=max_length,
-                            truncation="only_second", padding=True, return_tensors="pt").to(device)
+            enc = tokenizer(
+                [queries[i] for i in idx],
+                [passages[i] for i in idx],
+                max_length=max_length,
+                truncation="only_second",
+                padding=True,
+                return_tensors="pt",
+            ).to(device)
             out[idx] = model(**enc).float().cpu().numpy()
             if (start // batch_size) % 50 == 0:
                 log.info("scored %d/%d pairs", min(start + batch_size, len(order)), len(order))

@@ -12,12 +12,16 @@ from dprflow.schemas import atomic_path, write_table
 log = logging.getLogger(__name__)
 
 
-def write_run(run: pd.DataFrame, parquet_path: str | Path, trec_path: str | Path | None = None, tag: str = "dprflow") -> None:
+def write_run(
+    run: pd.DataFrame, parquet_path: str | Path, trec_path: str | Path | None = None, tag: str = "dprflow"
+) -> None:
     """Write a run as Parquet (the ``run`` schema) and optionally as a TREC run file."""
     write_table(run, parquet_path, "run")
     if trec_path is not None:
         with atomic_path(trec_path) as tmp, open(tmp, "w") as fh:
-            for qid, pid, score, rank in run[["query_id", "passage_id", "score", "rank"]].itertuples(index=False):
+            for qid, pid, score, rank in run[["query_id", "passage_id", "score", "rank"]].itertuples(
+                index=False
+            ):
                 fh.write(f"{qid} Q0 {pid} {rank} {score:.6f} {tag}\n")
 
 
@@ -35,6 +39,12 @@ def negatives_from_run(run: pd.DataFrame, positives: pd.DataFrame, depth: int) -
     removed = len(top) - len(negatives)
     negatives = negatives.sort_values(["query_id", "rank"], kind="stable").copy()
     negatives["rank"] = negatives.groupby("query_id").cumcount() + 1
-    log.info("negatives: %d candidates in the top %d, %d positives removed, %d kept for %d queries",
-             len(top), depth, removed, len(negatives), negatives["query_id"].nunique())
+    log.info(
+        "negatives: %d candidates in the top %d, %d positives removed, %d kept for %d queries",
+        len(top),
+        depth,
+        removed,
+        len(negatives),
+        negatives["query_id"].nunique(),
+    )
     return negatives[["query_id", "passage_id", "score", "rank"]].reset_index(drop=True)

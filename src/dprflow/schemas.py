@@ -37,7 +37,14 @@ SCHEMAS: dict[str, pa.Schema] = {
     "qrels": pa.schema([("query_id", STR), ("doc_id", STR), ("relevance", I32)]),
     # split_passages: retrieval units of at most N tokens, with their parent document.
     "passages": pa.schema(
-        [("passage_id", STR), ("doc_id", STR), ("position", I32), ("title", STR), ("text", STR), ("n_tokens", I32)]
+        [
+            ("passage_id", STR),
+            ("doc_id", STR),
+            ("position", I32),
+            ("title", STR),
+            ("text", STR),
+            ("n_tokens", I32),
+        ]
     ),
     # any retriever or reranker: ranked passages per query (rank starts at 1).
     "run": pa.schema([("query_id", STR), ("passage_id", STR), ("score", F32), ("rank", I32)]),
@@ -86,7 +93,9 @@ def _conform(df: pd.DataFrame, name: str, where: str) -> pa.Table:
         raise SchemaError(f"{where}: table {name!r} lacks column(s) {missing}; has {list(df.columns)}")
     extra = [c for c in df.columns if c not in target.names]
     if extra:
-        raise SchemaError(f"{where}: table {name!r} has unexpected column(s) {extra}; expected {target.names}")
+        raise SchemaError(
+            f"{where}: table {name!r} has unexpected column(s) {extra}; expected {target.names}"
+        )
     arrays = []
     for field in target:
         col = df[field.name]
@@ -94,8 +103,11 @@ def _conform(df: pd.DataFrame, name: str, where: str) -> pa.Table:
             row = int(col.isna().to_numpy().nonzero()[0][0])
             raise SchemaError(f"{where}: column {field.name!r} of {name!r} is null at row {row}")
         try:
-            arrays.append(pa.array(col.to_numpy() if not pa.types.is_string(field.type) else col.tolist(),
-                                   type=field.type))
+            arrays.append(
+                pa.array(
+                    col.to_numpy() if not pa.types.is_string(field.type) else col.tolist(), type=field.type
+                )
+            )
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
             raise SchemaError(
                 f"{where}: column {field.name!r} of {name!r} cannot be stored as {field.type} ({exc})"
@@ -125,6 +137,8 @@ def read_table(path: str | os.PathLike, name: str) -> pd.DataFrame:
         if field.name not in actual.names:
             raise SchemaError(f"{path}: table {name!r} lacks column {field.name!r}; has {actual.names}")
         got = actual.field(field.name).type
-        if not got.equals(field.type) and not (pa.types.is_string(field.type) and pa.types.is_large_string(got)):
+        if not got.equals(field.type) and not (
+            pa.types.is_string(field.type) and pa.types.is_large_string(got)
+        ):
             raise SchemaError(f"{path}: column {field.name!r} has type {got}, expected {field.type}")
     return pq.read_table(path, columns=target.names).to_pandas()

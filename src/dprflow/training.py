@@ -101,7 +101,7 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     if not ckpt_dir.is_dir():
         return None
     done = [p for p in ckpt_dir.glob(CHECKPOINT_PREFIX + "*") if (p / "COMPLETE").exists()]
-    return max(done, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX):]), default=None)
+    return max(done, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]), default=None)
 
 
 class Trainer:
@@ -130,9 +130,13 @@ class Trainer:
         self.step_fn = step_fn
         self.save_fn = save_fn
         self.checkpoint_dir = Path(checkpoint_dir)
-        self.identity = fingerprint({"identity": identity, "args": asdict(args), "world": self.dist.world_size})
+        self.identity = fingerprint(
+            {"identity": identity, "args": asdict(args), "world": self.dist.world_size}
+        )
         if args.batch_size % self.dist.world_size:
-            raise ValueError(f"batch_size {args.batch_size} is not divisible by {self.dist.world_size} processes")
+            raise ValueError(
+                f"batch_size {args.batch_size} is not divisible by {self.dist.world_size} processes"
+            )
         self.local_batch = args.batch_size // self.dist.world_size
         self.steps = total_steps(len(self.items), args)
         self.model = model.to(self.dist.device)
@@ -147,7 +151,11 @@ class Trainer:
         warmup = int(self.steps * args.warmup_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
-            lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (self.steps - s) / max(1, self.steps - warmup)),
+            lambda s: (
+                (s + 1) / max(1, warmup)
+                if s < warmup
+                else max(0.0, (self.steps - s) / max(1, self.steps - warmup))
+            ),
         )
         self.autocast, self.scaler = autocast_context(self.dist.device, args.precision)
         self.ddp_model = self.model

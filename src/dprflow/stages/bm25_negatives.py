@@ -33,7 +33,9 @@ class Args:
 
 def negatives(args: Args) -> None:
     queries = split_queries(args.queries, args.split)
-    run = bm25.search(args.index, queries[["query_id", "text"]], k=args.depth, k1=args.k1, b=args.b, threads=args.threads)
+    run = bm25.search(
+        args.index, queries[["query_id", "text"]], k=args.depth, k1=args.k1, b=args.b, threads=args.threads
+    )
     positives = positive_passages(read_table(args.qrels, "qrels"), read_table(args.passages, "passages"))
     pool = negatives_from_run(run, positives, args.depth)
     write_table(pool, args.out, "negatives")

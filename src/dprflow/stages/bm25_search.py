@@ -39,9 +39,17 @@ def split_queries(path: str, split: str):
 
 def search(args: Args) -> None:
     queries = split_queries(args.queries, args.split)
-    run = bm25.search(args.index, queries[["query_id", "text"]], k=args.k, k1=args.k1, b=args.b, threads=args.threads)
+    run = bm25.search(
+        args.index, queries[["query_id", "text"]], k=args.k, k1=args.k1, b=args.b, threads=args.threads
+    )
     write_run(run, args.out, args.trec, tag="bm25")
-    log.info("%d queries of split %s, %d answered, %d hits", len(queries), args.split, run["query_id"].nunique(), len(run))
+    log.info(
+        "%d queries of split %s, %d answered, %d hits",
+        len(queries),
+        args.split,
+        run["query_id"].nunique(),
+        len(run),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

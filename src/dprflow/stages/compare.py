@@ -18,13 +18,19 @@ log = logging.getLogger("dprflow.compare")
 class Args:
     """Aggregate every evaluated system into one table with significance markers."""
 
-    metrics_files: list[str] = field(metadata={"help": "metrics.parquet files, as results/<collection>/<system>/metrics.parquet"})
+    metrics_files: list[str] = field(
+        metadata={"help": "metrics.parquet files, as results/<collection>/<system>/metrics.parquet"}
+    )
     results_dir: str = field(metadata={"help": "the results folder the paths are relative to"})
     out_md: str = field(metadata={"help": "Markdown table to write"})
     out_csv: str = field(metadata={"help": "long CSV to write"})
-    metrics: list[str] = field(default_factory=lambda: ["RR@10", "R@50", "R@100", "R@1000", "nDCG@10"],
-                               metadata={"help": "metric columns, in order"})
-    methods: list[str] = field(default_factory=lambda: ["none"], metadata={"help": "method order of the rows"})
+    metrics: list[str] = field(
+        default_factory=lambda: ["RR@10", "R@50", "R@100", "R@1000", "nDCG@10"],
+        metadata={"help": "metric columns, in order"},
+    )
+    methods: list[str] = field(
+        default_factory=lambda: ["none"], metadata={"help": "method order of the rows"}
+    )
     baseline: str = field(default="bm25", metadata={"help": "reference system of the significance tests"})
 
 
@@ -47,8 +53,12 @@ def compare(args: Args) -> None:
     with atomic_path(args.out_csv) as tmp:
         table.to_csv(tmp, index=False, float_format="%.6g")
     with atomic_path(args.out_md) as tmp:
-        tmp.write_text("# dprflow comparison\n\n" + to_markdown(table, references, args.methods, args.metrics))
-    log.info("compared %d systems on %d collections", table["system"].nunique(), table["collection"].nunique())
+        tmp.write_text(
+            "# dprflow comparison\n\n" + to_markdown(table, references, args.methods, args.metrics)
+        )
+    log.info(
+        "compared %d systems on %d collections", table["system"].nunique(), table["collection"].nunique()
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

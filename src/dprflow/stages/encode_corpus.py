@@ -52,17 +52,31 @@ def encode(args: Args) -> None:
     passages = read_table(args.passages, "passages")
     part = passages.iloc[shard_rows(len(passages), args.shard, args.num_shards)]
     if part.empty:
-        raise StageError(f"{args.passages}: shard {args.shard} of {args.num_shards} is empty ({len(passages)} passages)")
+        raise StageError(
+            f"{args.passages}: shard {args.shard} of {args.num_shards} is empty ({len(passages)} passages)"
+        )
     tokenizer = load_tokenizer(args.model)
     device = model_device()
     model = BiEncoder.from_pretrained(args.model, pooling=args.pooling).to(device).eval()
     texts = passage_texts(part, tokenizer.sep_token or "|")
-    emb = encode_texts([texts[p] for p in part["passage_id"]], tokenizer, model.encode_passage, args.max_length,
-                       batch_size=args.batch_size, device=device,
-                       autocast="bf16" if device.type == "cuda" else None)
+    emb = encode_texts(
+        [texts[p] for p in part["passage_id"]],
+        tokenizer,
+        model.encode_passage,
+        args.max_length,
+        batch_size=args.batch_size,
+        device=device,
+        autocast="bf16" if device.type == "cuda" else None,
+    )
     write_embeddings(args.out, part["passage_id"].tolist(), emb)
-    log.info("shard %d/%d: %d passages, dimension %d, pooling %s", args.shard, args.num_shards, len(part),
-             emb.shape[1], model.pooling)
+    log.info(
+        "shard %d/%d: %d passages, dimension %d, pooling %s",
+        args.shard,
+        args.num_shards,
+        len(part),
+        emb.shape[1],
+        model.pooling,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

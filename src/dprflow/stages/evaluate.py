@@ -23,15 +23,19 @@ class Args:
     qrels: str = field(metadata={"help": "qrels.parquet"})
     split: str = field(metadata={"help": "the query split to score"})
     out: str = field(metadata={"help": "metrics.parquet to write"})
-    metrics: list[str] = field(default_factory=lambda: ["RR@10", "R@50", "R@100", "R@1000", "nDCG@10"],
-                               metadata={"help": "ir_measures names"})
+    metrics: list[str] = field(
+        default_factory=lambda: ["RR@10", "R@50", "R@100", "R@1000", "nDCG@10"],
+        metadata={"help": "ir_measures names"},
+    )
 
 
 def evaluate(args: Args) -> None:
     queries = read_table(args.queries, "queries")
     ids = queries.loc[queries["split"] == args.split, "query_id"].tolist()
     if not ids:
-        raise StageError(f"{args.queries}: no query of split {args.split!r}; splits: {sorted(set(queries['split']))}")
+        raise StageError(
+            f"{args.queries}: no query of split {args.split!r}; splits: {sorted(set(queries['split']))}"
+        )
     run = read_table(args.run, "run")
     doc_run = passage_run_to_doc_run(run, read_table(args.passages, "passages"))
     per_query = evaluate_run(doc_run, read_table(args.qrels, "qrels"), ids, args.metrics)
@@ -39,8 +43,12 @@ def evaluate(args: Args) -> None:
         raise StageError(f"{args.qrels}: no query of split {args.split!r} has a relevant judgment")
     write_table(per_query, args.out, "metrics")
     means = per_query.groupby("metric", sort=False)["value"].mean()
-    log.info("%s on %d queries: %s", args.run, per_query["query_id"].nunique(),
-             ", ".join(f"{m} {v:.4f}" for m, v in means.items()))
+    log.info(
+        "%s on %d queries: %s",
+        args.run,
+        per_query["query_id"].nunique(),
+        ", ".join(f"{m} {v:.4f}" for m, v in means.items()),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,8 +8,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pandas as pd
-
 from dprflow.cli import StageError, run_stage
 from dprflow.collections import Collection
 from dprflow.schemas import write_table
@@ -21,10 +19,14 @@ log = logging.getLogger("dprflow.ingest")
 class Args:
     """Load a test collection and write its three tables."""
 
-    source: str = field(metadata={"help": "embedded, beir or ir_datasets", "choices": ["embedded", "beir", "ir_datasets"]})
+    source: str = field(
+        metadata={"help": "embedded, beir or ir_datasets", "choices": ["embedded", "beir", "ir_datasets"]}
+    )
     out_dir: str = field(metadata={"help": "folder for documents/queries/qrels.parquet"})
     path: str | None = field(default=None, metadata={"help": "beir: the BEIR folder"})
-    ir_datasets: str | None = field(default=None, metadata={"help": "ir_datasets: JSON object split -> dataset id"})
+    ir_datasets: str | None = field(
+        default=None, metadata={"help": "ir_datasets: JSON object split -> dataset id"}
+    )
     max_documents: int | None = field(default=None, metadata={"help": "embedded: keep a stable subset"})
 
     def check(self) -> None:
@@ -52,7 +54,9 @@ def load(args: Args) -> tuple[Collection, str]:
     if args.source == "embedded":
         from dprflow.collections.embedded import build_embedded
 
-        return build_embedded(max_documents=args.max_documents), f"embedded (Python {sys.version.split()[0]} stdlib)"
+        return build_embedded(
+            max_documents=args.max_documents
+        ), f"embedded (Python {sys.version.split()[0]} stdlib)"
     if args.source == "beir":
         from dprflow.collections.beir import load_beir
 
@@ -70,8 +74,14 @@ def ingest(args: Args) -> None:
     write_table(col.queries, out / "queries.parquet", "queries")
     write_table(col.qrels, out / "qrels.parquet", "qrels")
     splits = col.queries["split"].value_counts().to_dict()
-    log.info("collection %s: %d documents, %d queries %s, %d judgments", where, len(col.documents),
-             len(col.queries), splits, len(col.qrels))
+    log.info(
+        "collection %s: %d documents, %d queries %s, %d judgments",
+        where,
+        len(col.documents),
+        len(col.queries),
+        splits,
+        len(col.qrels),
+    )
     for reason, n in sorted(col.counts.items()):
         log.info("count %s: %d", reason, n)
     empty = int((col.documents["title"].str.strip().eq("") & col.documents["text"].str.strip().eq("")).sum())

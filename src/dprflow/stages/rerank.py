@@ -46,8 +46,15 @@ def rerank(args: Args) -> None:
     device = model_device()
     model = CrossEncoder.from_pretrained(args.model).to(device)
     top = run[run["rank"] <= args.depth]
-    scores = score_pairs(model, tokenizer, top["query_id"].map(queries).tolist(),
-                         [texts[p] for p in top["passage_id"]], args.max_length, args.batch_size, device)
+    scores = score_pairs(
+        model,
+        tokenizer,
+        top["query_id"].map(queries).tolist(),
+        [texts[p] for p in top["passage_id"]],
+        args.max_length,
+        args.batch_size,
+        device,
+    )
     write_run(rerank_run(run, scores, args.depth), args.out, args.trec, tag="rerank")
     log.info("reranked %d pairs of %d queries", len(top), top["query_id"].nunique())
 

@@ -3,10 +3,12 @@ candidates from retriever 2, the soft labels of the distilled retriever."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import sys
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -34,6 +36,9 @@ class Args:
     out: str = field(metadata={"help": "scores.parquet to write"})
     split: str = field(default="train", metadata={"help": "training split"})
     candidates: int = field(default=16, metadata={"help": "negatives scored per query (the top ones)"})
+    max_queries: int = field(
+        default=0, metadata={"help": "label a stable subset of this many queries (0: all)"}
+    )
     max_length: int = field(default=176, metadata={"help": "query + passage tokens"})
     batch_size: int = field(default=64, metadata={"help": "pairs per batch"})
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
@@ -44,6 +49,11 @@ def score(args: Args) -> None:
         torch.set_num_threads(args.threads)
     queries = read_table(args.queries, "queries")
     queries = queries[queries["split"] == args.split].set_index("query_id")["text"]
+    if args.max_queries and len(queries) > args.max_queries:
+        # A stable subset: the queries with the smallest hash of their id.
+        keys = queries.index.map(lambda q: hashlib.sha1(q.encode()).hexdigest())
+        queries = queries.iloc[np.argsort(np.asarray(keys))[: args.max_queries]]
+        log.info("labelling a stable subset of %d training queries", len(queries))
     passages = read_table(args.passages, "passages")
     negatives = read_table(args.negatives, "negatives")
     negatives = negatives[(negatives["rank"] <= args.candidates) & negatives["query_id"].isin(queries.index)]
@@ -54,10 +64,22 @@ def score(args: Args) -> None:
     texts = passage_texts(passages, tokenizer.sep_token or "|")
     device = model_device()
     model = CrossEncoder.from_pretrained(args.model).to(device)
-    pairs["score"] = score_pairs(model, tokenizer, pairs["query_id"].map(queries).tolist(),
-                                 [texts[p] for p in pairs["passage_id"]], args.max_length, args.batch_size, device)
+    pairs["score"] = score_pairs(
+        model,
+        tokenizer,
+        pairs["query_id"].map(queries).tolist(),
+        [texts[p] for p in pairs["passage_id"]],
+        args.max_length,
+        args.batch_size,
+        device,
+    )
     write_table(pairs, args.out, "scores")
-    log.info("scored %d pairs (%d positives) of %d queries", len(pairs), len(positives), pairs["query_id"].nunique())
+    log.info(
+        "scored %d pairs (%d positives) of %d queries",
+        len(pairs),
+        len(positives),
+        pairs["query_id"].nunique(),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

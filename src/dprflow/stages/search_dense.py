@@ -47,13 +47,21 @@ def search(args: Args) -> None:
     device = model_device()
     model = BiEncoder.from_pretrained(args.model, pooling=args.pooling).to(device).eval()
     queries = read_table(args.queries, "queries")
-    for split, depth, out, trec in ((args.eval_split, args.depth, args.out, args.trec),
-                                    (args.train_split, args.train_depth, args.train_out, None)):
+    for split, depth, out, trec in (
+        (args.eval_split, args.depth, args.out, args.trec),
+        (args.train_split, args.train_depth, args.train_out, None),
+    ):
         chosen = queries[queries["split"] == split]
         if chosen.empty:
             raise StageError(f"{args.queries}: no query of split {split!r}")
-        emb = encode_texts(chosen["text"].tolist(), tokenizer, model.encode_query, args.max_length,
-                           batch_size=args.batch_size, device=device)
+        emb = encode_texts(
+            chosen["text"].tolist(),
+            tokenizer,
+            model.encode_query,
+            args.max_length,
+            batch_size=args.batch_size,
+            device=device,
+        )
         run = search_to_run(index, chosen["query_id"].tolist(), emb, depth, batch_size=args.batch_size)
         write_run(run, out, trec, tag=args.tag)
         log.info("split %s: %d queries, depth %d, %d rows", split, len(chosen), depth, len(run))

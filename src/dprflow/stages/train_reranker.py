@@ -47,8 +47,10 @@ class Args:
     max_steps: int = field(default=0, metadata={"help": "stop after this many steps (0: all epochs)"})
     seed: int = field(default=13, metadata={"help": "random seed"})
     checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
-    precision: str = field(default="auto", metadata={"help": "auto, fp32, bf16, fp16",
-                                                     "choices": ["auto", "fp32", "bf16", "fp16"]})
+    precision: str = field(
+        default="auto",
+        metadata={"help": "auto, fp32, bf16, fp16", "choices": ["auto", "fp32", "bf16", "fp16"]},
+    )
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
 
 
@@ -59,16 +61,25 @@ def train(args: Args) -> None:
     model = CrossEncoder.from_pretrained(args.init)
     passages = read_table(args.passages, "passages")
     texts = passage_texts(passages, tokenizer.sep_token or "|")
-    items, counts = build_training_queries(read_table(args.queries, "queries"), args.split,
-                                           read_table(args.qrels, "qrels"), passages,
-                                           read_table(args.negatives, "negatives"))
+    items, counts = build_training_queries(
+        read_table(args.queries, "queries"),
+        args.split,
+        read_table(args.qrels, "qrels"),
+        passages,
+        read_table(args.negatives, "negatives"),
+    )
     G = args.group_size
 
     def make_batch(rng, batch_items):
         groups = [sample_group(rng, it, G) for it in batch_items]
-        return tokenizer([it.text for it, g in zip(batch_items, groups, strict=True) for _ in g],
-                         [texts[pid] for g in groups for pid in g], max_length=args.max_length,
-                         truncation="only_second", padding=True, return_tensors="pt")
+        return tokenizer(
+            [it.text for it, g in zip(batch_items, groups, strict=True) for _ in g],
+            [texts[pid] for g in groups for pid in g],
+            max_length=args.max_length,
+            truncation="only_second",
+            padding=True,
+            return_tensors="pt",
+        )
 
     def step(m, batch):
         device = next(m.parameters()).device
@@ -93,7 +104,9 @@ def train(args: Args) -> None:
     if trainer.dist.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         save(trainer.model, tmp)
-        (tmp / "training_args.json").write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+        (tmp / "training_args.json").write_text(
+            json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
+        )
     finish_model_dir(trainer, tmp, out, log_path)
 
 

@@ -23,7 +23,7 @@ from dprflow.finetune_data import build_training_queries, passage_texts, sample_
 from dprflow.losses import contrastive_loss, distillation_loss
 from dprflow.modeling.biencoder import BiEncoder, load_tokenizer
 from dprflow.schemas import read_table
-from dprflow.training import Trainer, TrainArgs
+from dprflow.training import TrainArgs, Trainer
 
 log = logging.getLogger("dprflow.train_retriever")
 
@@ -40,7 +40,9 @@ class Args:
     out: str = field(metadata={"help": "model folder to write"})
     checkpoint_dir: str = field(metadata={"help": "resumable checkpoints (kept across failures)"})
     split: str = field(default="train", metadata={"help": "training query split"})
-    extra_negatives: str | None = field(default=None, metadata={"help": "a second pool (BM25 for retriever 2)"})
+    extra_negatives: str | None = field(
+        default=None, metadata={"help": "a second pool (BM25 for retriever 2)"}
+    )
     extra_fraction: float = field(default=0.0, metadata={"help": "share of negatives from the second pool"})
     teacher: str | None = field(default=None, metadata={"help": "reranker scores: distillation mode"})
     pooling: str = field(default="cls", metadata={"help": "cls or mean", "choices": ["cls", "mean"]})
@@ -48,8 +50,10 @@ class Args:
     group_size: int = field(default=4, metadata={"help": "passages per query (1 positive)"})
     temperature: float = field(default=1.0, metadata={"help": "contrastive softmax temperature"})
     alpha: float = field(default=0.2, metadata={"help": "distillation: weight of the contrastive loss"})
-    direction: str = field(default="teacher_student", metadata={"help": "distillation KL direction",
-                                                                  "choices": ["teacher_student", "student_teacher"]})
+    direction: str = field(
+        default="teacher_student",
+        metadata={"help": "distillation KL direction", "choices": ["teacher_student", "student_teacher"]},
+    )
     max_query_length: int = field(default=32, metadata={"help": "query tokens"})
     max_passage_length: int = field(default=144, metadata={"help": "passage tokens"})
     batch_size: int = field(default=8, metadata={"help": "queries per step (all processes)"})
@@ -60,8 +64,10 @@ class Args:
     max_steps: int = field(default=0, metadata={"help": "stop after this many steps (0: all epochs)"})
     seed: int = field(default=13, metadata={"help": "random seed"})
     checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
-    precision: str = field(default="auto", metadata={"help": "auto, fp32, bf16, fp16",
-                                                     "choices": ["auto", "fp32", "bf16", "fp16"]})
+    precision: str = field(
+        default="auto",
+        metadata={"help": "auto, fp32, bf16, fp16", "choices": ["auto", "fp32", "bf16", "fp16"]},
+    )
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)"})
 
     def check(self) -> None:
@@ -70,9 +76,17 @@ class Args:
 
 
 def train_args(args) -> TrainArgs:
-    return TrainArgs(batch_size=args.batch_size, learning_rate=args.learning_rate, weight_decay=args.weight_decay,
-                     warmup_ratio=args.warmup_ratio, epochs=args.epochs, max_steps=args.max_steps, seed=args.seed,
-                     checkpoint_every=args.checkpoint_every, precision=args.precision)
+    return TrainArgs(
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
+        warmup_ratio=args.warmup_ratio,
+        epochs=args.epochs,
+        max_steps=args.max_steps,
+        seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
+        precision=args.precision,
+    )
 
 
 def finish_model_dir(trainer: Trainer, tmp: Path, out: Path, log_src: Path) -> None:
@@ -92,7 +106,10 @@ def train(args: Args) -> None:
     passages = read_table(args.passages, "passages")
     texts = passage_texts(passages, tokenizer.sep_token or "|")
     items, counts = build_training_queries(
-        read_table(args.queries, "queries"), args.split, read_table(args.qrels, "qrels"), passages,
+        read_table(args.queries, "queries"),
+        args.split,
+        read_table(args.qrels, "qrels"),
+        passages,
         read_table(args.negatives, "negatives"),
         read_table(args.extra_negatives, "negatives") if args.extra_negatives else None,
         read_table(args.teacher, "scores") if args.teacher else None,
@@ -101,13 +118,25 @@ def train(args: Args) -> None:
 
     def make_batch(rng, batch_items):
         groups = [sample_group(rng, it, G, args.extra_fraction) for it in batch_items]
-        q = tokenizer([it.text for it in batch_items], max_length=args.max_query_length, truncation=True,
-                      padding=True, return_tensors="pt")
-        p = tokenizer([texts[pid] for g in groups for pid in g], max_length=args.max_passage_length,
-                      truncation=True, padding=True, return_tensors="pt")
+        q = tokenizer(
+            [it.text for it in batch_items],
+            max_length=args.max_query_length,
+            truncation=True,
+            padding=True,
+            return_tensors="pt",
+        )
+        p = tokenizer(
+            [texts[pid] for g in groups for pid in g],
+            max_length=args.max_passage_length,
+            truncation=True,
+            padding=True,
+            return_tensors="pt",
+        )
         teacher = None
         if args.teacher:
-            teacher = torch.tensor([[it.teacher[pid] for pid in g] for it, g in zip(batch_items, groups, strict=True)])
+            teacher = torch.tensor(
+                [[it.teacher[pid] for pid in g] for it, g in zip(batch_items, groups, strict=True)]
+            )
         return q, p, teacher
 
     def step(m, batch):
@@ -118,9 +147,21 @@ def train(args: Args) -> None:
         offset = rank * q.size(0)
         p_all = distributed.gather_with_grad(p) if world > 1 else p
         if teacher is None:
-            return {"loss": contrastive_loss(q, p_all, group_size=G, temperature=args.temperature, rank_offset=offset)}
-        out = distillation_loss(q, p_all, teacher.to(device), group_size=G, alpha=args.alpha,
-                                temperature=args.temperature, direction=args.direction, rank_offset=offset)
+            return {
+                "loss": contrastive_loss(
+                    q, p_all, group_size=G, temperature=args.temperature, rank_offset=offset
+                )
+            }
+        out = distillation_loss(
+            q,
+            p_all,
+            teacher.to(device),
+            group_size=G,
+            alpha=args.alpha,
+            temperature=args.temperature,
+            direction=args.direction,
+            rank_offset=offset,
+        )
         return {"loss": out.loss, "kl": out.kl, "contrastive": out.contrastive}
 
     record = {k: v for k, v in asdict(args).items() if k not in ("threads",)}
@@ -141,7 +182,9 @@ def train(args: Args) -> None:
     if trainer.dist.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         save(trainer.model, tmp)
-        (tmp / "training_args.json").write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+        (tmp / "training_args.json").write_text(
+            json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
+        )
     finish_model_dir(trainer, tmp, out, log_path)
 
 
