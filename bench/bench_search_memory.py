@@ -8,8 +8,8 @@ results included). Modes:
 
 * ``oneshot``: ``FlatIndex.search(q, k, batch_size=Q)``: faiss's result buffers hold all Q x k
   at once beside the returned arrays;
-* ``batched``: ``FlatIndex.search(q, k, batch_size=1024)``: same return value, faiss buffers
-  bounded to one batch;
+* ``batched``: ``FlatIndex.search(q, k)`` with its default query batch (4096): same return
+  value, faiss buffers bounded to one batch;
 * ``streamed``: ``FlatIndex.iter_search`` consumed batch by batch and dropped (how a stage that
   writes its run as it goes uses it): bounded whatever Q is.
 
@@ -36,6 +36,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dprflow.retrieval import SEARCH_BATCH  # noqa: E402
 
 MODES = ("oneshot", "batched", "streamed")
 KIB = 1024
@@ -113,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--k", type=int, default=100)
     parser.add_argument("--queries", type=int, nargs="+", default=[1_000, 4_000, 16_000, 64_000])
-    parser.add_argument("--batch-size", type=int, default=1024, help="query batch of the batched modes")
+    parser.add_argument(
+        "--batch-size", type=int, default=SEARCH_BATCH, help="query batch of the batched modes"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--nq", type=int, help=argparse.SUPPRESS)

@@ -221,6 +221,11 @@ def test_search_checks_dimensions():
         index.add(np.zeros((2, 8), np.float32), ["a"])
     with pytest.raises(ValueError, match="dimension 8"):
         index.search(np.zeros((2, 4), np.float32), 1)
+    index.add(np.eye(8, dtype=np.float32), list("abcdefgh"))
+    q = np.ones((3, 8), np.float32)
+    q[1, 2] = np.nan
+    with pytest.raises(ValueError, match="query row 1"):  # never a silent -1 -> last passage id
+        index.search(q, 2)
 
 
 def test_search_to_run_is_a_valid_run_table(tmp_path):
