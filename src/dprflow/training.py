@@ -290,3 +290,56 @@ class Trainer:
 
 def mean_of(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else math.nan
+
+
+# Stage arguments that describe where things go or how fast, not what is trained: they do not
+# enter the checkpoint identity, so moving the output or changing threads still resumes.
+NON_IDENTITY_ARGS = ("out", "checkpoint_dir", "threads", "training_queries")
+
+
+def train_args_from(args: Any) -> TrainArgs:
+    """The optimisation settings of a stage's argument dataclass (same field names)."""
+    return TrainArgs(**{f: getattr(args, f) for f in TrainArgs.__dataclass_fields__ if hasattr(args, f)})
+
+
+def train_and_save(
+    model: torch.nn.Module,
+    items: Sequence[Any],
+    make_batch: Callable[[np.random.Generator, list[Any]], Any],
+    step_fn: Callable[[torch.nn.Module, Any], dict[str, torch.Tensor]],
+    model_class: Any,
+    tokenizer: Any,
+    stage_args: Any,
+    extra_record: dict[str, Any],
+) -> None:
+    """Train with checkpoints in ``stage_args.checkpoint_dir``, then write the final model folder
+    ``stage_args.out`` atomically (model, tokenizer, ``training_args.json``, ``train_log.csv``)
+    and remove the checkpoints. ``model_class.from_pretrained`` reloads a checkpoint's model."""
+    record = {k: v for k, v in asdict(stage_args).items() if k != "threads"}
+    record.update(extra_record)
+
+    def save(m: torch.nn.Module, out_dir: Path) -> None:
+        m.save_pretrained(out_dir, tokenizer=tokenizer, extra=record)
+
+    def load(m: torch.nn.Module, ckpt_dir: Path) -> None:
+        m.load_state_dict(model_class.from_pretrained(ckpt_dir).state_dict())
+
+    identity = {k: v for k, v in record.items() if k not in NON_IDENTITY_ARGS}
+    checkpoint_dir = Path(stage_args.checkpoint_dir)
+    trainer = Trainer(
+        model, items, make_batch, step_fn, save, train_args_from(stage_args), checkpoint_dir, identity
+    )
+    log_path = checkpoint_dir / "train_log.csv"
+    trainer.train(load, log_path)
+    out = Path(stage_args.out)
+    tmp = out.parent / f".{out.name}.tmp"
+    if trainer.dist.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        save(trainer.model, tmp)
+        (tmp / "training_args.json").write_text(
+            json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
+        )
+        shutil.copy(log_path, tmp / "train_log.csv")
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    trainer.finish()

@@ -4,12 +4,9 @@ negatives for a cross-encoder)."""
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 import sys
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,8 +16,7 @@ from dprflow.losses import listwise_ce
 from dprflow.modeling.biencoder import load_tokenizer
 from dprflow.modeling.cross_encoder import CrossEncoder
 from dprflow.schemas import read_table
-from dprflow.stages.train_retriever import finish_model_dir, train_args
-from dprflow.training import Trainer
+from dprflow.training import train_and_save
 
 log = logging.getLogger("dprflow.train_reranker")
 
@@ -86,28 +82,9 @@ def train(args: Args) -> None:
         scores = m(**batch.to(device)).view(-1, G)  # [B, G], the positive in column 0
         return {"loss": listwise_ce(scores)}
 
-    record = {k: v for k, v in asdict(args).items() if k != "threads"}
-    record["training_queries"] = counts
-
-    def save(m, out_dir):
-        m.save_pretrained(out_dir, tokenizer=tokenizer, extra=record)
-
-    def load(m, ckpt_dir):
-        m.load_state_dict(CrossEncoder.from_pretrained(ckpt_dir).state_dict())
-
-    identity = {k: v for k, v in record.items() if k not in ("out", "checkpoint_dir", "training_queries")}
-    trainer = Trainer(model, items, make_batch, step, save, train_args(args), args.checkpoint_dir, identity)
-    log_path = Path(args.checkpoint_dir) / "train_log.csv"
-    trainer.train(load, log_path)
-    out = Path(args.out)
-    tmp = out.parent / f".{out.name}.tmp"
-    if trainer.dist.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        save(trainer.model, tmp)
-        (tmp / "training_args.json").write_text(
-            json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
-        )
-    finish_model_dir(trainer, tmp, out, log_path)
+    train_and_save(
+        model, items, make_batch, step, CrossEncoder, tokenizer, args, {"training_queries": counts}
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

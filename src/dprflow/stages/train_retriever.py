@@ -8,12 +8,9 @@ query's group plus alpha times that contrastive loss (CDMAE eq. 11 and section 3
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 import sys
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,7 +20,7 @@ from dprflow.finetune_data import build_training_queries, passage_texts, sample_
 from dprflow.losses import contrastive_loss, distillation_loss
 from dprflow.modeling.biencoder import BiEncoder, load_tokenizer
 from dprflow.schemas import read_table
-from dprflow.training import TrainArgs, Trainer
+from dprflow.training import train_and_save
 
 log = logging.getLogger("dprflow.train_retriever")
 
@@ -73,29 +70,6 @@ class Args:
     def check(self) -> None:
         if self.group_size < 1 or (self.teacher and self.group_size < 2):
             raise ValueError("--group-size must be >= 1 (>= 2 when distilling)")
-
-
-def train_args(args) -> TrainArgs:
-    return TrainArgs(
-        batch_size=args.batch_size,
-        learning_rate=args.learning_rate,
-        weight_decay=args.weight_decay,
-        warmup_ratio=args.warmup_ratio,
-        epochs=args.epochs,
-        max_steps=args.max_steps,
-        seed=args.seed,
-        checkpoint_every=args.checkpoint_every,
-        precision=args.precision,
-    )
-
-
-def finish_model_dir(trainer: Trainer, tmp: Path, out: Path, log_src: Path) -> None:
-    """Move the finished model into place with its loss log, then drop the checkpoints."""
-    if trainer.dist.is_main:
-        shutil.copy(log_src, tmp / "train_log.csv")
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    trainer.finish()
 
 
 def train(args: Args) -> None:
@@ -164,28 +138,7 @@ def train(args: Args) -> None:
         )
         return {"loss": out.loss, "kl": out.kl, "contrastive": out.contrastive}
 
-    record = {k: v for k, v in asdict(args).items() if k not in ("threads",)}
-    record["training_queries"] = counts
-
-    def save(m, out_dir):
-        m.save_pretrained(out_dir, tokenizer=tokenizer, extra=record)
-
-    def load(m, ckpt_dir):
-        m.load_state_dict(BiEncoder.from_pretrained(ckpt_dir).state_dict())
-
-    identity = {k: v for k, v in record.items() if k not in ("out", "checkpoint_dir", "training_queries")}
-    trainer = Trainer(model, items, make_batch, step, save, train_args(args), args.checkpoint_dir, identity)
-    log_path = Path(args.checkpoint_dir) / "train_log.csv"
-    trainer.train(load, log_path)
-    out = Path(args.out)
-    tmp = out.parent / f".{out.name}.tmp"
-    if trainer.dist.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        save(trainer.model, tmp)
-        (tmp / "training_args.json").write_text(
-            json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
-        )
-    finish_model_dir(trainer, tmp, out, log_path)
+    train_and_save(model, items, make_batch, step, BiEncoder, tokenizer, args, {"training_queries": counts})
 
 
 def main(argv: list[str] | None = None) -> int:
