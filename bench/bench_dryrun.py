@@ -21,12 +21,33 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         for _ in range(3):
             t0 = time.perf_counter()
-            subprocess.run([snakemake, "-n", "--quiet", "-s", str(ROOT / "Snakefile"), "--directory", work,
-                            "--configfile", str(ROOT / "config" / "config.yaml"), "--cores", "2"],
-                           check=True, capture_output=True)
+            subprocess.run(
+                [
+                    snakemake,
+                    "-n",
+                    "--quiet",
+                    "-s",
+                    str(ROOT / "Snakefile"),
+                    "--directory",
+                    work,
+                    "--configfile",
+                    str(ROOT / "config" / "config.yaml"),
+                    "--cores",
+                    "2",
+                ],
+                check=True,
+                capture_output=True,
+            )
             times.append(time.perf_counter() - t0)
-    write_bench("snakemake_dry_run", statistics.median(times), "s", n=len(times), seconds=sum(times),
-                runs=times, target=5.0)
+    write_bench(
+        "snakemake_dry_run",
+        statistics.median(times),
+        "s",
+        n=len(times),
+        seconds=sum(times),
+        runs=times,
+        target=5.0,
+    )
 
 
 if __name__ == "__main__":
