@@ -18,10 +18,16 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
+# Jobs run `python -m dprflow.stages.<rule>`: the venv's bin comes first on PATH, as if activated.
+export PATH := $(abspath $(BIN)):$(PATH)
+
 run: setup
 	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG) $(SNAKEMAKE_ARGS)
 
-dry-run: setup
+dry-# Jobs run `python -m dprflow.stages.<rule>`: the venv's bin comes first on PATH, as if activated.
+export PATH := $(abspath $(BIN)):$(PATH)
+
+run: setup
 	$(BIN)/snakemake -n --cores $(CORES) --configfile $(CONFIG)
 
 test: setup

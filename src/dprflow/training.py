@@ -110,6 +110,10 @@ class Trainer:
     ``make_batch(rng, items) -> batch`` turns the training items of one (local) batch into model
     inputs; ``step_fn(model, batch) -> dict`` returns at least ``loss`` (a tensor to back-propagate)
     and any other scalars to log. ``save_fn(model, out_dir)`` writes a model folder.
+
+    With ``manual_backward`` the step runs its own backward passes (a gradient cache does several):
+    it is called as ``step_fn(model, batch, backward)`` and must call ``backward(tensor)``, which
+    applies the fp16 loss scaling when there is one; its returned values are only logged.
     """
 
     def __init__(
@@ -122,8 +126,10 @@ class Trainer:
         args: TrainArgs,
         checkpoint_dir: str | Path,
         identity: dict[str, Any],
+        manual_backward: bool = False,
     ) -> None:
         self.dist = distributed.init_from_env()
+        self.manual_backward = manual_backward
         self.args = args
         self.items = list(items)
         self.make_batch = make_batch
@@ -236,15 +242,17 @@ class Trainer:
             # its share, so the sampling does not depend on the number of processes.
             batch = self.make_batch(rng, self.local_items(step))
             with self.autocast:
-                out = self.step_fn(self.ddp_model, batch)
+                if self.manual_backward:
+                    out = self.step_fn(self.ddp_model, batch, self._backward)
+                else:
+                    out = self.step_fn(self.ddp_model, batch)
             loss = out["loss"]
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"loss is {loss.item()} at step {step + 1}")
+            if not self.manual_backward:
+                self._backward(loss)
             if self.scaler:
-                self.scaler.scale(loss).backward()
                 self.scaler.unscale_(self.optimizer)
-            else:
-                loss.backward()
             if self.args.max_grad_norm:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
             if self.scaler:
@@ -268,6 +276,9 @@ class Trainer:
                 os.kill(os.getpid(), signal.SIGKILL)
         self._write_log(history, log_path)
         return history
+
+    def _backward(self, tensor: torch.Tensor) -> None:
+        (self.scaler.scale(tensor) if self.scaler else tensor).backward()
 
     def _write_log(self, history: list[dict], path: Path) -> None:
         if not self.dist.is_main or not history:
@@ -311,6 +322,7 @@ def train_and_save(
     tokenizer: Any,
     stage_args: Any,
     extra_record: dict[str, Any],
+    manual_backward: bool = False,
 ) -> None:
     """Train with checkpoints in ``stage_args.checkpoint_dir``, then write the final model folder
     ``stage_args.out`` atomically (model, tokenizer, ``training_args.json``, ``train_log.csv``)
@@ -327,7 +339,15 @@ def train_and_save(
     identity = {k: v for k, v in record.items() if k not in NON_IDENTITY_ARGS}
     checkpoint_dir = Path(stage_args.checkpoint_dir)
     trainer = Trainer(
-        model, items, make_batch, step_fn, save, train_args_from(stage_args), checkpoint_dir, identity
+        model,
+        items,
+        make_batch,
+        step_fn,
+        save,
+        train_args_from(stage_args),
+        checkpoint_dir,
+        identity,
+        manual_backward,
     )
     log_path = checkpoint_dir / "train_log.csv"
     trainer.train(load, log_path)

@@ -1,0 +1,102 @@
+"""Stage ``pretrain_corpus``: coCondenser's corpus-aware pre-training (coCondenser section 3.2-3.3).
+
+Starts from the stage-one Condenser, head included. Each step holds ``batch_size`` documents of
+the target corpus and two random spans of each; the loss is the contrastive loss of eq. 6 over
+the 2n late-CLS vectors (a span's positive is its sibling, every other span a negative, itself
+excluded) plus the Condenser MLM loss (eq. 7). With ``chunk_size`` below 2n the step runs with a
+gradient cache (eq. 8-12): the same gradients as the full batch, the memory of one chunk.
+``--contrastive-only`` drops the MLM terms (coCondenser Table 4's ablation).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from dprflow.cli import run_stage
+from dprflow.model_init import load_tokenizer
+from dprflow.modeling.condenser import (
+    Condenser,
+    CondenserConfig,
+    cocondenser_gradcache_step,
+    cocondenser_loss,
+)
+from dprflow.pretrain_data import pair_batch, read_passages_documents
+from dprflow.training import set_seed, train_and_save
+
+log = logging.getLogger("dprflow.pretrain_corpus")
+
+
+@dataclass
+class Args:
+    """coCondenser pre-training on the target corpus's documents."""
+
+    init: str = field(metadata={"help": "the stage-one Condenser folder (head included)"})
+    passages: str = field(metadata={"help": "passages.parquet of the target collection"})
+    out: str = field(metadata={"help": "model folder to write"})
+    checkpoint_dir: str = field(metadata={"help": "resumable checkpoints"})
+    span_min: int = field(default=16, metadata={"help": "shortest span in tokens"})
+    span_max: int = field(default=64, metadata={"help": "longest span in tokens"})
+    mlm_probability: float = field(default=0.15, metadata={"help": "masked share"})
+    whole_word: bool = field(default=False, metadata={"help": "mask whole words"})
+    contrastive_only: bool = field(default=False, metadata={"help": "drop the MLM losses (Table 4)"})
+    temperature: float = field(default=1.0, metadata={"help": "contrastive temperature (eq. 6: 1)"})
+    batch_size: int = field(default=8, metadata={"help": "documents per step (2 spans each)"})
+    chunk_size: int = field(default=0, metadata={"help": "spans per gradient-cache chunk (0: no cache)"})
+    learning_rate: float = field(default=1e-4, metadata={"help": "AdamW peak learning rate"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
+    warmup_ratio: float = field(default=0.1, metadata={"help": "linear warm-up share"})
+    epochs: int = field(default=1, metadata={"help": "passes over the documents"})
+    max_steps: int = field(default=0, metadata={"help": "stop after this many steps (0: all epochs)"})
+    seed: int = field(default=13, metadata={"help": "random seed"})
+    checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
+    precision: str = field(
+        default="auto",
+        metadata={"help": "auto, fp32, bf16, fp16", "choices": ["auto", "fp32", "bf16", "fp16"]},
+    )
+    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
+
+    def check(self) -> None:
+        if not 1 <= self.span_min <= self.span_max:
+            raise ValueError("need 1 <= --span-min <= --span-max")
+
+
+def pretrain(args: Args) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tokenizer = load_tokenizer(args.init)
+    docs, counts = read_passages_documents(args.passages, tokenizer, args.span_min)
+    set_seed(args.seed)
+    weight = 0.0 if args.contrastive_only else 1.0
+    config = CondenserConfig(head_weight=weight, backbone_weight=weight, temperature=args.temperature)
+    model = Condenser.from_pretrained(args.init, config)
+
+    def make_batch(rng, batch_docs):
+        return pair_batch(
+            batch_docs, tokenizer, rng, args.span_min, args.span_max, args.mlm_probability, args.whole_word
+        )
+
+    def step(m, batch, backward):
+        device = next(m.parameters()).device
+        batch = {k: v.to(device) for k, v in batch.items()}
+        if args.chunk_size and args.chunk_size < len(batch["input_ids"]):
+            out = cocondenser_gradcache_step(m, batch, args.chunk_size, backward_fn=backward)
+        else:
+            out = cocondenser_loss(m, batch)
+            backward(out.loss)
+        return {k: v.detach() for k, v in out.as_dict().items()}
+
+    train_and_save(
+        model, docs, make_batch, step, Condenser, tokenizer, args, {"documents": counts}, manual_backward=True
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(Args, pretrain, argv, "pretrain_corpus")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Stage ``pretrain_generic``: Condenser pre-training on a generic corpus (Condenser section 3.3-3.4).
+
+The backbone starts from ``model.init``; the head (2 fresh Transformer layers over the late CLS
+and the early token states, eq. 8) and the two MLM losses (eq. 9-11) are trained together. The
+output folder loads with ``AutoModel.from_pretrained`` as a plain BERT (the encoder a retriever
+starts from) and keeps the head in ``condenser_head/`` for coCondenser's second stage.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from dprflow.cli import StageError, run_stage
+from dprflow.model_init import load_tokenizer
+from dprflow.modeling.condenser import Condenser, CondenserConfig
+from dprflow.pretrain_data import GENERIC_SOURCES, chunk_tokens, generic_texts, mlm_batch, tokenize_documents
+from dprflow.training import set_seed, train_and_save
+
+log = logging.getLogger("dprflow.pretrain_generic")
+
+
+@dataclass
+class Args:
+    """Pre-train a Condenser with MLM on a generic corpus."""
+
+    init: str = field(metadata={"help": "the backbone's initial checkpoint (model.init)"})
+    out: str = field(metadata={"help": "model folder to write"})
+    checkpoint_dir: str = field(metadata={"help": "resumable checkpoints"})
+    corpus: str = field(
+        default="pydoc", metadata={"help": "generic corpus source", "choices": list(GENERIC_SOURCES)}
+    )
+    corpus_path: str | None = field(default=None, metadata={"help": "file of the jsonl/passages corpus"})
+    max_length: int = field(default=128, metadata={"help": "tokens per sequence, [CLS] and [SEP] included"})
+    mlm_probability: float = field(default=0.15, metadata={"help": "masked share (BERT: 0.15)"})
+    whole_word: bool = field(default=False, metadata={"help": "mask whole words"})
+    n_early: int = field(default=0, metadata={"help": "early backbone layers (0: half)"})
+    n_head_layers: int = field(default=2, metadata={"help": "Condenser head layers"})
+    batch_size: int = field(default=16, metadata={"help": "sequences per step"})
+    learning_rate: float = field(default=1e-4, metadata={"help": "AdamW peak learning rate"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
+    warmup_ratio: float = field(default=0.1, metadata={"help": "linear warm-up share"})
+    epochs: int = field(default=1, metadata={"help": "passes over the corpus"})
+    max_steps: int = field(default=0, metadata={"help": "stop after this many steps (0: all epochs)"})
+    seed: int = field(default=13, metadata={"help": "random seed"})
+    checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
+    precision: str = field(
+        default="auto",
+        metadata={"help": "auto, fp32, bf16, fp16", "choices": ["auto", "fp32", "bf16", "fp16"]},
+    )
+    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
+
+
+def pretrain(args: Args) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tokenizer = load_tokenizer(args.init)
+    chunks = chunk_tokens(
+        tokenize_documents(generic_texts(args.corpus, args.corpus_path), tokenizer), args.max_length - 2
+    )
+    if len(chunks) < args.batch_size:
+        raise StageError(f"the {args.corpus} corpus gives {len(chunks)} sequences, fewer than one batch")
+    log.info(
+        "generic corpus %s: %d sequences of at most %d tokens", args.corpus, len(chunks), args.max_length
+    )
+    set_seed(args.seed)  # the head's random initialisation
+    config = CondenserConfig(
+        n_early=args.n_early or None, n_head_layers=args.n_head_layers, mlm_probability=args.mlm_probability
+    )
+    model = Condenser.from_pretrained(args.init, config)
+
+    def make_batch(rng, pieces):
+        return mlm_batch(pieces, tokenizer, rng, args.mlm_probability, args.whole_word)
+
+    def step(m, batch):
+        device = next(m.parameters()).device
+        out = m(**{k: v.to(device) for k, v in batch.items()})
+        return {"loss": out.loss, "head_mlm": out.head_mlm, "backbone_mlm": out.backbone_mlm}
+
+    train_and_save(model, chunks, make_batch, step, Condenser, tokenizer, args, {"sequences": len(chunks)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(Args, pretrain, argv, "pretrain_generic")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

