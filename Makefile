@@ -8,6 +8,9 @@ CONFIG ?= config/config.yaml
 CORES ?= 2
 SNAKEMAKE_ARGS ?=
 
+# Jobs run `python -m dprflow.stages.<rule>`: the venv's bin comes first on PATH, as if activated.
+export PATH := $(abspath $(BIN)):$(PATH)
+
 .PHONY: setup run dry-run test lint format bench clean
 
 setup: $(VENV)/.installed
@@ -18,16 +21,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
-# Jobs run `python -m dprflow.stages.<rule>`: the venv's bin comes first on PATH, as if activated.
-export PATH := $(abspath $(BIN)):$(PATH)
-
 run: setup
 	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG) $(SNAKEMAKE_ARGS)
 
-dry-# Jobs run `python -m dprflow.stages.<rule>`: the venv's bin comes first on PATH, as if activated.
-export PATH := $(abspath $(BIN)):$(PATH)
-
-run: setup
+dry-run: setup
 	$(BIN)/snakemake -n --cores $(CORES) --configfile $(CONFIG)
 
 test: setup

@@ -103,9 +103,8 @@ def test_shard_invariance_with_batches_spills_and_pruning(tmp_path):
     with pytest.raises(ValueError, match="already pruned"):
         pmi.merge(pruned, shards[0])
     # AMI is a function of the statistics only, so it is shard-invariant too.
-    for a, b in zip(
-        pmi.word_importance(texts[:50], whole), pmi.word_importance(texts[:50], pmi.merge(*shards))
-    ):
+    merged_ami = pmi.word_importance(texts[:50], pmi.merge(*shards))
+    for a, b in zip(pmi.word_importance(texts[:50], whole), merged_ami, strict=True):
         assert np.array_equal(a, b)
 
 
@@ -185,7 +184,7 @@ def test_token_importance_aligns_subwords_and_special_tokens():
         assert len(row) == len(enc["input_ids"]) and row.dtype == np.float32
         assert np.isneginf(row[0]) and np.isneginf(row[-1])  # [CLS], [SEP]
         spans = [(m.start(), m.end()) for m in pmi._WORD_RE.finditer(text)]
-        for value, (a, b) in zip(row[1:-1], enc["offset_mapping"][1:-1], strict=True):
+        for value, (a, _) in zip(row[1:-1], enc["offset_mapping"][1:-1], strict=True):
             word = next(i for i, (s, e) in enumerate(spans) if s <= a < e)
             assert value == w[word]  # every piece of a word carries the word's AMI
     pieces = tok.tokenize("hypersonic")
