@@ -49,3 +49,22 @@ def write_bench(name: str, value: float, unit: str, **extra: Any) -> Path:
     shown = f"{value:.6g}" if isinstance(value, int | float) else repr(value)
     print(f"{name}: {shown} {unit} -> {out}")
     return out
+
+
+def status_kib(field: str) -> int:
+    """A ``/proc/self/status`` figure in KiB (``VmRSS``, ``VmHWM``: the peak resident set)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS counter (``VmHWM``) of this process; False where not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False

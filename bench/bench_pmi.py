@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import resource
@@ -161,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         distinct_ngrams=len(ours),
         counts_agree=agree,
         corpus="pydoc topics + stdlib source paragraphs",
+        load_average=os.getloadavg()[0],
     )
     write_bench(
         "pmi_count_peak_rss",

@@ -37,27 +37,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _common import reset_peak_rss, status_kib  # noqa: E402
+
 from dprflow.retrieval import SEARCH_BATCH  # noqa: E402
 
 MODES = ("oneshot", "batched", "streamed")
 KIB = 1024
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def _unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
@@ -78,8 +63,8 @@ def child(args) -> dict:
     q = _unit(rng, args.nq, args.dim)
     gc.collect()
 
-    exact = _reset_peak()
-    before_kib = _status_kib("VmRSS")
+    exact = reset_peak_rss()
+    before_kib = status_kib("VmRSS")
     maxrss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
     if args.mode == "streamed":
@@ -91,7 +76,7 @@ def child(args) -> dict:
         bs = args.nq if args.mode == "oneshot" else args.batch_size
         result = index.search(q, args.k, batch_size=bs)
     seconds = time.perf_counter() - t0
-    peak_kib = _status_kib("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak_kib = status_kib("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if not exact:
         before_kib = max(before_kib, maxrss_before)
     del result

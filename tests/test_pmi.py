@@ -191,6 +191,9 @@ def test_token_importance_aligns_subwords_and_special_tokens():
     assert len(pieces) > 1  # so the test above did cover sub-word pieces
     short = pmi.token_importance(texts, tok, stats, max_length=5)
     assert [len(r) for r in short] == [5, 5] and np.isneginf(short[0][-1])
+    enc = tok(texts, padding=True, return_offsets_mapping=True, return_special_tokens_mask=True)
+    reused = pmi.token_importance(texts, None, stats, encoding=enc)  # the collator's own encoding
+    assert len(reused[1]) == len(enc["input_ids"][1]) and np.array_equal(reused[0][: len(rows[0])], rows[0])
     padded = pmi.pad_importance(rows)
     assert padded.shape == (2, max(map(len, rows))) and np.isneginf(padded[0, len(rows[0]) :]).all()
 

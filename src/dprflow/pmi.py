@@ -33,31 +33,38 @@ Words
 A word is a maximal run of word characters (``str.isalnum()`` or ``_``), or any other single
 non-space character (so punctuation is a word of its own, as BERT's basic tokenizer splits it),
 lower-cased character by character (``str.lower`` of each character, so without the final-sigma
-rule; U+0130 ``İ``, the one character whose lower case is two characters, becomes ``i``). This is exactly the regular expression ``\\w+|[^\\w\\s]``
-(:data:`WORD_PATTERN`) applied to the original text with each match lower-cased; :func:`words` is
-that reference, while the counting path finds the same words with numpy over the text's UTF-32
-code points, never creating a Python string per word.
+rule; U+0130 ``İ``, whose lower case is two characters, becomes ``i``). These are the matches of
+the regular expression ``\\w+|[^\\w\\s]`` (:data:`WORD_PATTERN`) in the original text, each
+lower-cased; :func:`words` is that reference. The counting path finds the same words with numpy
+(ASCII texts as bytes, others through tables over code points), never creating a Python string
+per word.
 
 Scaling to MS MARCO (8.8M passages, ~0.5B words)
 -------------------------------------------------
 Words and n-grams are hashed to integers: a word's hash is a 64-bit hash of its lower-cased UTF-8
 bytes (computed for all words of a batch at once, 8 bytes at a time), an n-gram's key is
-``(order << 60) | 60-bit mix of its words' hashes`` (int64, non-negative). With ~1e9 distinct
-n-grams per order the expected number of colliding pairs is ~(1e9)^2 / 2^61 < 1, so counts are
-exact in practice; n-grams are never stored as strings (16 bytes per distinct n-gram: key, count).
+``(order << 60) | top 60 bits of a polynomial hash of its words' hashes`` (int64, non-negative).
+With ~1e9 distinct n-grams per order the expected number of colliding pairs is
+~(1e9)^2 / 2^61 < 1, so counts are exact in practice; n-grams are never stored as strings
+(16 bytes per distinct n-gram: key and count).
 
-:func:`count_shard` streams texts in batches of ``batch_chars`` characters; a batch's keys are
-sorted and run-length counted into a sorted *run*. Runs are combined in memory while they hold
-fewer than ``max_distinct`` entries in all; beyond that the combined run is written to
-``spill_dir`` as ``.npy`` files and memory-mapped. At the end all runs are combined key range by
-key range, so peak memory is about ``16 B x max_distinct`` (x2.5 while combining) plus ~60 B per
-batch character, plus the result. Counts are never pruned while counting, so counting one shard
-or many and merging (:func:`merge`, or :func:`merge_files` over saved shards, which combines
-memory-mapped copies range by range) gives identical statistics. Prune with ``min_count`` only
-when merging at the end; unigrams are never pruned. Suggested plan for MS MARCO: 16 shards of
-~0.55M passages (~31M words, ~80M distinct n-grams each) counted in parallel, then
-``merge_files(shards, min_count=2)``. The estimated size of the pruned result (n <= 4) is a few
-hundred million entries (a few GB); these figures are estimates, not measurements.
+:func:`count_shard` streams texts in batches of ``batch_chars`` characters (~40 bytes of transient
+memory each); a batch's keys are sorted (order by order) and run-length counted into a sorted
+*run*. Runs stay in memory until they hold more than ``max_distinct`` entries in all; they are
+then combined, and the combined run is written to ``spill_dir`` as ``.npy`` files (and memory-
+mapped) if it still holds more than half of that. At the end all runs are combined key range by
+key range (~4M entries at a time), so peak memory is about ``16 B x max_distinct x 2`` plus the
+batch, plus the result. Counting is sort-based and linear in the corpus: a few million words per
+second on one core, ~10x a ``collections.Counter`` of n-gram tuples (``bench/bench_pmi.py``).
+
+Counts are never pruned while counting, so counting one shard or many and merging (:func:`merge`,
+or :func:`merge_files` over saved shards, which combines memory-mapped copies range by range)
+gives identical statistics. Prune with ``min_count`` once, when merging at the end; unigrams are
+never pruned. A plan for MS MARCO: 16 shards of ~0.55M passages (~35M words, ~80M distinct
+n-grams each) counted in parallel, then ``merge_files(shards, min_count=2)``. The pruned result
+(n <= 4) should hold a few hundred million entries, a few GB, which :func:`word_importance` reads
+by binary search (a stage can compute token importance shard by shard). These sizes are
+estimates, not measurements.
 
 Example::
 
@@ -72,7 +79,7 @@ import functools
 import re
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -182,17 +189,19 @@ def _spans(cls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _hash_spans(data: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Hash the byte strings ``data[starts[i]:ends[i]]`` (uint64), 8 bytes at a time.
 
-    ``h = c_0``, then ``h = fmix64(h * A + c_j)`` for each further 8-byte little-endian chunk
-    ``c_j`` (the last one zero-padded), and finally ``fmix64(h ^ length * B)``: strings of up to 8
-    bytes hash injectively, longer ones collide with probability ~2^-64 per pair. Chunks are read
-    through an unaligned strided uint64 view of the bytes, one gather per chunk for all words.
+    ``h = c_0``; for longer strings ``h = fmix64(h * A + c_j)`` for each further 8-byte
+    little-endian chunk ``c_j`` (the last one zero-padded), then ``h ^= length * B``; finally
+    ``fmix64(h)``. Words of up to 8 bytes get distinct hashes (the zero-padded bytes determine the
+    word: only the one-character word NUL has a zero byte), longer ones collide with probability
+    ~2^-64 per pair. Chunks are read through an unaligned strided uint64 view of the bytes, one
+    gather per chunk for all words.
     """
     buf = np.frombuffer(data + bytes(8), dtype=np.uint8)
     view = np.ndarray((max(len(buf) - 7, 0),), dtype="<u8", buffer=buf, strides=(1,))
     length = ends - starts
     h = view[starts]
     h &= _BYTE_MASKS[np.minimum(length, 8)]
-    long = np.flatnonzero(length > 8)
+    long = all_long = np.flatnonzero(length > 8)
     j = 8
     while len(long):
         rest = length[long] - j
@@ -204,7 +213,7 @@ def _hash_spans(data: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray
         h[long] = _fmix64(hl)
         long = long[rest > 8]
         j += 8
-    h ^= length.astype(_U64) * _LEN_MUL
+    h[all_long] ^= length[all_long].astype(_U64) * _LEN_MUL
     return _fmix64(h)
 
 
@@ -339,7 +348,6 @@ class NgramCounts:
     counts: np.ndarray
     totals: np.ndarray
     min_count: int = 1
-    _order_bounds: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_n <= MAX_ORDER:
@@ -575,7 +583,7 @@ def count_shard(
     Args:
         texts: the texts (passages) of this shard, any iterable (read once, in batches).
         max_n: the largest order counted (the AMI window ``L``).
-        batch_chars: characters handled at once (~60 bytes of transient memory each).
+        batch_chars: characters handled at once (~40 bytes of transient memory each).
         max_distinct: distinct entries kept in memory before runs spill to ``spill_dir``.
         spill_dir: folder for spilled runs (removed when done); a temporary folder by default.
 
@@ -665,6 +673,8 @@ def merge_files(
     target = schemas.schema("ngram_counts")
     if not paths:
         raise ValueError("merge_files needs at least one file")
+    if spill_dir is not None:
+        Path(spill_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dprflow-merge-", dir=spill_dir) as tmp:
         runs: list[Run] = []
         headers: list[NgramCounts] = []
@@ -780,6 +790,7 @@ def token_importance(
     window: int | None = None,
     special_value: float = float("-inf"),
     outside_value: float = 0.0,
+    encoding=None,
 ) -> list[np.ndarray]:
     """Per-token importance aligned with ``tokenizer(texts, truncation=..., max_length=...)``.
 
@@ -788,20 +799,31 @@ def token_importance(
     the AMI of the word its first character falls in, so all sub-word pieces of a word share its
     importance; special tokens get ``special_value`` (-inf: never preferred), and tokens outside
     every word (none for WordPiece or byte-level BPE, whose tokens start inside words) get
-    ``outside_value``. Needs a fast tokenizer (character offsets).
+    ``outside_value``. AMI is computed over each whole text, truncated part included. Needs a fast
+    tokenizer (character offsets). A collator that already tokenized the texts with
+    ``return_offsets_mapping=True, return_special_tokens_mask=True`` can pass that result as
+    ``encoding`` (``tokenizer`` is then unused) to get rows aligned with its own ``input_ids``.
     """
-    if not getattr(tokenizer, "is_fast", False):
-        raise ValueError(
-            f"token_importance needs a fast (Rust) tokenizer for character offsets; got {type(tokenizer).__name__}"
-        )
     texts = list(texts)
-    enc = tokenizer(
-        texts,
-        truncation=max_length is not None,
-        max_length=max_length,
-        return_offsets_mapping=True,
-        return_special_tokens_mask=True,
-    )
+    if encoding is None:
+        if not getattr(tokenizer, "is_fast", False):
+            raise ValueError(
+                "token_importance needs a fast (Rust) tokenizer for character offsets; "
+                f"got {type(tokenizer).__name__}"
+            )
+        encoding = tokenizer(
+            texts,
+            truncation=max_length is not None,
+            max_length=max_length,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+        )
+    missing = [k for k in ("offset_mapping", "special_tokens_mask") if k not in encoding]
+    if missing:
+        raise ValueError(
+            f"encoding lacks {missing}: tokenize with return_offsets_mapping=True, return_special_tokens_mask=True"
+        )
+    enc = encoding
     ws = split_words(texts)
     ami = _ami(ws, stats, _window(stats, window))
     out = []

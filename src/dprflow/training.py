@@ -28,7 +28,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,25 @@ class TrainArgs:
     checkpoint_every: int = 100
     max_grad_norm: float = 1.0
     precision: str = "auto"  # auto (bf16/fp16 on GPU, fp32 on CPU), fp32, bf16, fp16
+
+
+@dataclass(kw_only=True)
+class OptimArgs:
+    """The command-line arguments every training stage shares (stages subclass it)."""
+
+    batch_size: int = field(default=8, metadata={"help": "examples per optimizer step (all processes)"})
+    learning_rate: float = field(default=2e-5, metadata={"help": "AdamW peak learning rate"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
+    warmup_ratio: float = field(default=0.1, metadata={"help": "linear warm-up share"})
+    epochs: int = field(default=1, metadata={"help": "passes over the training examples"})
+    max_steps: int = field(default=0, metadata={"help": "stop after this many steps (0: all epochs)"})
+    seed: int = field(default=13, metadata={"help": "random seed"})
+    checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
+    precision: str = field(
+        default="auto",
+        metadata={"help": "auto, fp32, bf16, fp16", "choices": ["auto", "fp32", "bf16", "fp16"]},
+    )
+    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)"})
 
 
 def set_seed(seed: int) -> None:

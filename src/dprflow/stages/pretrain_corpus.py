@@ -25,13 +25,13 @@ from dprflow.modeling.condenser import (
     cocondenser_loss,
 )
 from dprflow.pretrain_data import pair_batch, read_passages_documents
-from dprflow.training import set_seed, train_and_save
+from dprflow.training import OptimArgs, set_seed, train_and_save
 
 log = logging.getLogger("dprflow.pretrain_corpus")
 
 
-@dataclass
-class Args:
+@dataclass(kw_only=True)
+class Args(OptimArgs):
     """coCondenser pre-training on the target corpus's documents."""
 
     init: str = field(metadata={"help": "the stage-one Condenser folder (head included)"})
@@ -47,17 +47,6 @@ class Args:
     batch_size: int = field(default=8, metadata={"help": "documents per step (2 spans each)"})
     chunk_size: int = field(default=0, metadata={"help": "spans per gradient-cache chunk (0: no cache)"})
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW peak learning rate"})
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
-    warmup_ratio: float = field(default=0.1, metadata={"help": "linear warm-up share"})
-    epochs: int = field(default=1, metadata={"help": "passes over the documents"})
-    max_steps: int = field(default=0, metadata={"help": "stop after this many steps (0: all epochs)"})
-    seed: int = field(default=13, metadata={"help": "random seed"})
-    checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
-    precision: str = field(
-        default="auto",
-        metadata={"help": "auto, fp32, bf16, fp16", "choices": ["auto", "fp32", "bf16", "fp16"]},
-    )
-    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
 
     def check(self) -> None:
         if not 1 <= self.span_min <= self.span_max:

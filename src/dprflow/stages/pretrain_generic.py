@@ -18,13 +18,13 @@ from dprflow.cli import StageError, run_stage
 from dprflow.model_init import load_tokenizer
 from dprflow.modeling.condenser import Condenser, CondenserConfig
 from dprflow.pretrain_data import GENERIC_SOURCES, chunk_tokens, generic_texts, mlm_batch, tokenize_documents
-from dprflow.training import set_seed, train_and_save
+from dprflow.training import OptimArgs, set_seed, train_and_save
 
 log = logging.getLogger("dprflow.pretrain_generic")
 
 
-@dataclass
-class Args:
+@dataclass(kw_only=True)
+class Args(OptimArgs):
     """Pre-train a Condenser with MLM on a generic corpus."""
 
     init: str = field(metadata={"help": "the backbone's initial checkpoint (model.init)"})
@@ -41,17 +41,6 @@ class Args:
     n_head_layers: int = field(default=2, metadata={"help": "Condenser head layers"})
     batch_size: int = field(default=16, metadata={"help": "sequences per step"})
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW peak learning rate"})
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
-    warmup_ratio: float = field(default=0.1, metadata={"help": "linear warm-up share"})
-    epochs: int = field(default=1, metadata={"help": "passes over the corpus"})
-    max_steps: int = field(default=0, metadata={"help": "stop after this many steps (0: all epochs)"})
-    seed: int = field(default=13, metadata={"help": "random seed"})
-    checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
-    precision: str = field(
-        default="auto",
-        metadata={"help": "auto, fp32, bf16, fp16", "choices": ["auto", "fp32", "bf16", "fp16"]},
-    )
-    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
 
 
 def pretrain(args: Args) -> None:

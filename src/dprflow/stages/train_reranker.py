@@ -16,13 +16,13 @@ from dprflow.losses import listwise_ce
 from dprflow.modeling.biencoder import load_tokenizer
 from dprflow.modeling.cross_encoder import CrossEncoder
 from dprflow.schemas import read_table
-from dprflow.training import train_and_save
+from dprflow.training import OptimArgs, train_and_save
 
 log = logging.getLogger("dprflow.train_reranker")
 
 
-@dataclass
-class Args:
+@dataclass(kw_only=True)
+class Args(OptimArgs):
     """Fine-tune a cross-encoder reranker."""
 
     init: str = field(metadata={"help": "initial checkpoint (reranker.init or model.init)"})
@@ -37,17 +37,6 @@ class Args:
     max_length: int = field(default=176, metadata={"help": "query + passage tokens"})
     batch_size: int = field(default=8, metadata={"help": "queries per step"})
     learning_rate: float = field(default=2e-5, metadata={"help": "AdamW peak learning rate"})
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
-    warmup_ratio: float = field(default=0.1, metadata={"help": "linear warm-up share"})
-    epochs: int = field(default=1, metadata={"help": "passes over the queries"})
-    max_steps: int = field(default=0, metadata={"help": "stop after this many steps (0: all epochs)"})
-    seed: int = field(default=13, metadata={"help": "random seed"})
-    checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
-    precision: str = field(
-        default="auto",
-        metadata={"help": "auto, fp32, bf16, fp16", "choices": ["auto", "fp32", "bf16", "fp16"]},
-    )
-    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
 
 
 def train(args: Args) -> None:

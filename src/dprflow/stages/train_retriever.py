@@ -20,13 +20,13 @@ from dprflow.finetune_data import build_training_queries, passage_texts, sample_
 from dprflow.losses import contrastive_loss, distillation_loss
 from dprflow.modeling.biencoder import BiEncoder, load_tokenizer
 from dprflow.schemas import read_table
-from dprflow.training import train_and_save
+from dprflow.training import OptimArgs, train_and_save
 
 log = logging.getLogger("dprflow.train_retriever")
 
 
-@dataclass
-class Args:
+@dataclass(kw_only=True)
+class Args(OptimArgs):
     """Fine-tune a bi-encoder retriever."""
 
     init: str = field(metadata={"help": "initial checkpoint (a pre-trained encoder or model.init)"})
@@ -55,17 +55,6 @@ class Args:
     max_passage_length: int = field(default=144, metadata={"help": "passage tokens"})
     batch_size: int = field(default=8, metadata={"help": "queries per step (all processes)"})
     learning_rate: float = field(default=2e-5, metadata={"help": "AdamW peak learning rate"})
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
-    warmup_ratio: float = field(default=0.1, metadata={"help": "linear warm-up share"})
-    epochs: int = field(default=1, metadata={"help": "passes over the queries"})
-    max_steps: int = field(default=0, metadata={"help": "stop after this many steps (0: all epochs)"})
-    seed: int = field(default=13, metadata={"help": "random seed"})
-    checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
-    precision: str = field(
-        default="auto",
-        metadata={"help": "auto, fp32, bf16, fp16", "choices": ["auto", "fp32", "bf16", "fp16"]},
-    )
-    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)"})
 
     def check(self) -> None:
         if self.group_size < 1 or (self.teacher and self.group_size < 2):
