@@ -53,7 +53,7 @@ memory each); a batch's keys are sorted (order by order) and run-length counted 
 *run*. Runs stay in memory until they hold more than ``max_distinct`` entries in all; they are
 then combined, and the combined run is written to ``spill_dir`` as ``.npy`` files (and memory-
 mapped) if it still holds more than half of that. At the end all runs are combined key range by
-key range (~4M entries at a time), so peak memory is about ``16 B x max_distinct x 2`` plus the
+key range (~1M entries at a time), so peak memory is about ``16 B x max_distinct x 2`` plus the
 batch, plus the result. Counting is sort-based and linear in the corpus: a few million words per
 second on one core, ~10x a ``collections.Counter`` of n-gram tuples (``bench/bench_pmi.py``).
 
@@ -455,7 +455,7 @@ def _runlength(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 Run = tuple[np.ndarray, np.ndarray]  # (keys strictly increasing, counts); possibly memory-mapped
 
 
-def _combine(runs: Sequence[Run], min_count: int = 1, part_size: int = 1 << 22) -> Run:
+def _combine(runs: Sequence[Run], min_count: int = 1, part_size: int = 1 << 20) -> Run:
     """Sum the counts of sorted runs, key range by key range (<= ~``part_size`` entries at once).
 
     ``min_count`` prunes orders >= 2 (unigrams are always kept).

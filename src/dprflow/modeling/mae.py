@@ -12,7 +12,7 @@ encoder must pack into [CLS] what the decoder needs (CDMAE §3.1)::
     h_b   = W h_c + b,  h_c = h_enc[:, 0]          [B, H]                       (eq. 4)
     h_dec = Decoder([h_b; Embed(x_dec)[1:]])       [B, L_d, H]                  (eq. 5)
     L_dec = CE(W_lm h_dec_i, x_i) over masked i of x_dec                        (eq. 6)
-    L     = enc_weight * L_enc + dec_weight * L_dec, each a mean over its masked tokens (eq. 9)
+    L     = enc_weight * L_enc + dec_weight * L_dec, each a mean over its masked tokens (eq. 9, §3.3)
 
 ``W_lm`` is one MLM prediction head shared by encoder and decoder ("the same language model
 head", eq. 6): BERT's own ``cls`` head, tied to the word embeddings and initialised from the
@@ -43,7 +43,7 @@ A saved model is a folder::
                                                       (W_lm tied to the embeddings: not stored)
     mae_decoder/mae_config.json                       MAEConfig, tying flag, training args
 
-Only the encoder is kept for fine-tuning (the decoder is discarded, query-as-context §3.3).
+Only the encoder is kept for fine-tuning (the decoder is discarded, query-as-context §4.1).
 
 Reference: CoT-MAE's code (Wu et al., 2022, ``BertForCotMAE``) builds the decoder input as
 ``cat([cls_hiddens, bert.embeddings(decoder_input_ids)[:, 1:]])`` and shares BERT's ``cls`` head,
@@ -92,8 +92,8 @@ class MAEConfig:
 
     n_decoder_layers: int = 2  # fresh Transformer layers in the weak decoder (CDMAE §3.1; CoT-MAE M)
     # masking ratios, read by the caller's masking (the model is agnostic to them):
-    p_enc: float = 0.3  # encoder input, random (CDMAE §4; CoT-MAE 30%)
-    p_dec: float = 0.5  # decoder input (CDMAE 0.5; CoT-MAE ~0.45)
+    p_enc: float = 0.3  # encoder input, random (CDMAE §4.1; CoT-MAE 30%)
+    p_dec: float = 0.5  # decoder input (CDMAE §4.1: 0.5; CoT-MAE ~0.45)
     use_projection: bool = True  # h_b = W h_c + b (eq. 4); False: h_b = h_c (CDMAE Table 4 ablation)
     enc_weight: float = 1.0  # weight of L_enc (eq. 3, 9)
     dec_weight: float = 1.0  # weight of L_dec (eq. 6, 9)
