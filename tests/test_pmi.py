@@ -8,13 +8,11 @@ from collections import Counter
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pytest
 
 from dprflow import pmi, schemas
 
 # The schema this module asks schemas.py for (see the report); tests add it if it is not there yet.
-NGRAM_COUNTS = pa.schema([("n", pa.int32()), ("ngram", pa.int64()), ("count", pa.int64())])
 
 TRICKY = [
     "Hello, World! İstanbul naïve café__x 3.14 — “quotes” 😀emoji😀 x\u0301y ÉCOLE 𝐀𝐁 Ꭰ ΟΔΟΣ",
@@ -109,7 +107,6 @@ def test_shard_invariance_with_batches_spills_and_pruning(tmp_path):
 
 
 def test_frame_round_trip_and_merge_files(tmp_path, monkeypatch):
-    monkeypatch.setitem(schemas.SCHEMAS, "ngram_counts", schemas.SCHEMAS.get("ngram_counts", NGRAM_COUNTS))
     texts = random_texts(300, seed=2)
     shards = [pmi.count_shard(texts[i::3], 3) for i in range(3)]
     frame = shards[0].to_frame()

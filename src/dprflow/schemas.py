@@ -54,6 +54,10 @@ SCHEMAS: dict[str, pa.Schema] = {
     "scores": pa.schema([("query_id", STR), ("passage_id", STR), ("score", F32)]),
     # nb_recall: nb-recall^n@k of retriever 1 against retriever 2's neighbourhood.
     "nb_recall": pa.schema([("n", I32), ("k", I32), ("value", pa.float64())]),
+    # pmi: word n-gram counts, keys are 64-bit hashes; header rows (negative ngram) hold totals.
+    "ngram_counts": pa.schema([("n", I32), ("ngram", I64), ("count", I64)]),
+    # pmi: per-token importance of each passage (CDMAE importance-aware masking).
+    "token_importance": pa.schema([("passage_id", STR), ("importance", pa.list_(F32))]),
     # evaluate: per-query values of every metric (ir_measures names), the aggregate is their mean.
     "metrics": pa.schema([("query_id", STR), ("metric", STR), ("value", pa.float64())]),
 }
