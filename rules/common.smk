@@ -79,6 +79,12 @@ def train_split(wildcards):
     return collection_spec(wildcards)["train_split"]
 
 
+def paper_references():
+    """collection=reference pairs for the comparison's table beside the papers."""
+    pairs = [f"{c}={spec['reference']}" for c, spec in config["collections"].items() if spec["reference"]]
+    return " ".join(shlex.quote(p) for p in pairs)
+
+
 def systems():
     """Every evaluated row of the comparison: BM25, the initial model off the shelf, and each
     method's fine-tuning stages."""

@@ -51,7 +51,9 @@ rule compare:
         methods=" ".join(config["methods"]),
         baseline=config["evaluation"]["baseline"],
         results=compare_results_dir,
+        paper_references=paper_references(),
     shell:
         "python -m dprflow.stages.compare --metrics-files {input.metrics} --results-dir {params.results}"
         " --out-md {output.md} --out-csv {output.csv} --metrics {params.metrics}"
-        " --methods {params.methods} --baseline {params.baseline} > {log} 2>&1"
+        " --methods {params.methods} --baseline {params.baseline}"
+        " --paper-references {params.paper_references} > {log} 2>&1"

@@ -127,3 +127,33 @@ def test_comparison_aggregates_and_tests_against_the_baseline():
     assert table.set_index("system").loc["none/r2", "p_bm25"] == pytest.approx(max(2 * raw_r1, raw_r2))
     md = to_markdown(table, ["bm25"], ["none"], ["RR@10"])
     assert "| none/r1 |" in md and "b↑" in md.split("| none/r1 |")[1].splitlines()[0]
+
+
+def test_papers_figures_beside_ours():
+    from dprflow.compare import beside_papers, paper_numbers, papers_markdown
+
+    papers = paper_numbers()
+    ours = pd.DataFrame(
+        {
+            "collection": ["ms"],
+            "system": ["cocondenser/r2"],
+            "metric": ["RR@10"],
+            "value": [0.30],
+            "n_queries": [6980],
+        }
+    )
+    beside = beside_papers(ours, papers, {"ms": "msmarco-passage/dev"})
+    row = beside[
+        (beside.paper == "cocondenser")
+        & (beside.table == "Table 1")
+        & (beside.system == "cocondenser/r2")
+        & (beside.metric == "RR@10")
+    ]
+    assert row["paper_value"].item() == pytest.approx(0.382)
+    assert row["difference"].item() == pytest.approx(0.30 - 0.382)
+    assert beside.loc[beside.system == "bm25", "ours"].isna().all()  # not run: shown empty, not dropped
+    assert (
+        "| ms | cocondenser | Table 1 | cocondenser/r2 | RR@10 | 0.3820 | 0.3000 | -0.0820 |"
+        in papers_markdown(beside)
+    )
+    assert beside_papers(ours, papers, {}).empty

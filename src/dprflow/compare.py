@@ -138,3 +138,61 @@ def to_markdown(table: pd.DataFrame, references: list[str], methods: list[str], 
         + ".",
     ]
     return "\n".join(lines + notes) + "\n"
+
+
+def paper_numbers() -> pd.DataFrame:
+    """The papers' published figures (``src/dprflow/data/paper_numbers.csv``)."""
+    from importlib import resources
+
+    with resources.files("dprflow").joinpath("data/paper_numbers.csv").open() as fh:
+        return pd.read_csv(fh, keep_default_na=False)
+
+
+def beside_papers(table: pd.DataFrame, papers: pd.DataFrame, references: dict[str, str]) -> pd.DataFrame:
+    """Our value beside each published figure of the same evaluation set, method, stage and metric.
+
+    ``references`` maps a collection to the evaluation-set id the papers use (e.g.
+    ``msmarco-passage/dev``); only those collections are compared. Published rows without a
+    matching row of ours keep ``ours`` empty, so the table also shows what is not reproduced yet.
+    """
+    rows = []
+    ours = table.set_index(["collection", "system", "metric"])["value"]
+    for collection, reference in references.items():
+        for r in papers[papers["reference"] == reference].itertuples(index=False):
+            system = "bm25" if r.method == "bm25" else f"{r.method}/{r.stage}"
+            value = ours.get((collection, system, r.metric), float("nan"))
+            rows.append(
+                (
+                    collection,
+                    r.paper,
+                    r.table,
+                    system,
+                    r.metric,
+                    float(r.value),
+                    value,
+                    value - float(r.value),
+                )
+            )
+    return pd.DataFrame(
+        rows,
+        columns=["collection", "paper", "table", "system", "metric", "paper_value", "ours", "difference"],
+    )
+
+
+def papers_markdown(beside: pd.DataFrame) -> str:
+    if beside.empty:
+        return ""
+    lines = [
+        "",
+        "## Beside the papers",
+        "",
+        "| collection | paper | table | system | metric | paper | ours | difference |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in beside.itertuples(index=False):
+        ours = "–" if r.ours != r.ours else f"{r.ours:.4f}"
+        diff = "–" if r.difference != r.difference else f"{r.difference:+.4f}"
+        lines.append(
+            f"| {r.collection} | {r.paper} | {r.table} | {r.system} | {r.metric} | {r.paper_value:.4f} | {ours} | {diff} |"
+        )
+    return "\n".join(lines) + "\n"

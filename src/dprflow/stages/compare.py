@@ -32,6 +32,12 @@ class Args:
         default_factory=lambda: ["none"], metadata={"help": "method order of the rows"}
     )
     baseline: str = field(default="bm25", metadata={"help": "reference system of the significance tests"})
+    paper_references: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "collection=evaluation-set pairs (e.g. msmarco=msmarco-passage/dev) to show the papers' figures"
+        },
+    )
 
 
 def system_of(path: Path, results_dir: Path) -> tuple[str, str]:
