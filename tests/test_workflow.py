@@ -70,18 +70,19 @@ def test_the_comparison_has_every_row(finished_run):
     workdir, _ = finished_run
     table = pd.read_csv(workdir / "results" / "compare.csv")
     stages = ("r1", "r2", "rerank", "distill")
-    expected = {"bm25", "none/zeroshot"} | {f"{m}/{s}" for m in ("none", "cocondenser") for s in stages}
+    expected = {"bm25", "none/zeroshot"} | {f"cocondenser/{s}" for s in stages}
     assert set(table["system"]) == expected
     assert set(table["metric"]) == {"RR@10", "R@50", "R@100", "nDCG@10"}
     assert table["value"].between(0, 1).all()
     assert (table["n_queries"] > 0).all()
     assert "| bm25 |" in (workdir / "results" / "compare.md").read_text()
-    nb = pd.read_parquet(workdir / "results" / "tiny" / "none" / "nb_recall.parquet")
+    nb = pd.read_parquet(workdir / "results" / "tiny" / "cocondenser" / "nb_recall.parquet")
     assert nb["k"].tolist() == [10, 50, 100] and nb["value"].is_monotonic_increasing
     # Trained models load as plain Hugging Face checkpoints.
     from transformers import AutoModel
 
-    AutoModel.from_pretrained(workdir / "results" / "tiny" / "none" / "r1" / "model")
+    AutoModel.from_pretrained(workdir / "results" / "tiny" / "cocondenser" / "r1" / "model")
+    AutoModel.from_pretrained(workdir / "results" / "tiny" / "cocondenser" / "pretrain" / "model")
 
 
 def test_second_run_does_nothing(finished_run):
@@ -103,11 +104,11 @@ def test_changing_bm25_k1_reruns_only_what_depends_on_it(finished_run, tmp_path)
     assert jobs["bm25_search"] == 1 and jobs["bm25_negatives"] == 1
     # pre-training does not read BM25: untouched
     assert "pretrain_generic" not in jobs and "pretrain_corpus" not in jobs
-    # two methods: r1, r2, distill and the reranker of each
-    assert jobs["train_retriever"] == 6 and jobs["train_reranker"] == 2
+    # r1, r2, distill and the reranker
+    assert jobs["train_retriever"] == 3 and jobs["train_reranker"] == 1
     # every evaluated row but the off-the-shelf model's
-    assert jobs["evaluate"] == 9
-    assert jobs["encode_corpus"] == 2 * 3 * 2  # 2 methods; r1, r2, distill; 2 shards; zeroshot untouched
+    assert jobs["evaluate"] == 5
+    assert jobs["encode_corpus"] == 3 * 2  # r1, r2, distill; 2 shards each; zeroshot untouched
 
 
 def test_unknown_config_key_stops_the_dag_and_names_it(tmp_path):
