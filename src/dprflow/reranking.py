@@ -42,6 +42,34 @@ def score_pairs(
     return out
 
 
+def score_with_reranker(
+    model_dir: str,
+    query_text: pd.Series,
+    passages: pd.DataFrame,
+    pairs: pd.DataFrame,
+    max_length: int,
+    batch_size: int = 64,
+) -> np.ndarray:
+    """Load a reranker folder and score ``pairs`` (query_id, passage_id); ``query_text`` maps id -> text."""
+    from dprflow.finetune_data import passage_texts
+    from dprflow.modeling.biencoder import load_tokenizer
+    from dprflow.modeling.cross_encoder import CrossEncoder
+
+    tokenizer = load_tokenizer(model_dir)
+    texts = passage_texts(passages, tokenizer.sep_token or "|")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = CrossEncoder.from_pretrained(model_dir).to(device)
+    return score_pairs(
+        model,
+        tokenizer,
+        pairs["query_id"].map(query_text).tolist(),
+        [texts[p] for p in pairs["passage_id"]],
+        max_length,
+        batch_size,
+        device,
+    )
+
+
 def rerank_run(run: pd.DataFrame, scores: np.ndarray, depth: int) -> pd.DataFrame:
     """Replace the top-``depth`` order of each query by ``scores`` (given for those rows, in run order).
 

@@ -9,13 +9,9 @@ from dataclasses import dataclass, field
 import torch
 
 from dprflow.cli import run_stage
-from dprflow.finetune_data import passage_texts
-from dprflow.modeling.biencoder import load_tokenizer
-from dprflow.modeling.cross_encoder import CrossEncoder
-from dprflow.reranking import rerank_run, score_pairs
+from dprflow.reranking import rerank_run, score_with_reranker
 from dprflow.runs import write_run
 from dprflow.schemas import read_table
-from dprflow.stages.encode_corpus import model_device
 
 log = logging.getLogger("dprflow.rerank")
 
@@ -41,20 +37,9 @@ def rerank(args: Args) -> None:
         torch.set_num_threads(args.threads)
     run = read_table(args.run, "run")
     queries = read_table(args.queries, "queries").set_index("query_id")["text"]
-    tokenizer = load_tokenizer(args.model)
-    texts = passage_texts(read_table(args.passages, "passages"), tokenizer.sep_token or "|")
-    device = model_device()
-    model = CrossEncoder.from_pretrained(args.model).to(device)
     top = run[run["rank"] <= args.depth]
-    scores = score_pairs(
-        model,
-        tokenizer,
-        top["query_id"].map(queries).tolist(),
-        [texts[p] for p in top["passage_id"]],
-        args.max_length,
-        args.batch_size,
-        device,
-    )
+    passages = read_table(args.passages, "passages")
+    scores = score_with_reranker(args.model, queries, passages, top, args.max_length, args.batch_size)
     write_run(rerank_run(run, scores, args.depth), args.out, args.trec, tag="rerank")
     log.info("reranked %d pairs of %d queries", len(top), top["query_id"].nunique())
 

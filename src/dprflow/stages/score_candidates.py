@@ -13,13 +13,9 @@ import pandas as pd
 import torch
 
 from dprflow.cli import run_stage
-from dprflow.finetune_data import passage_texts
-from dprflow.modeling.biencoder import load_tokenizer
-from dprflow.modeling.cross_encoder import CrossEncoder
-from dprflow.reranking import score_pairs
+from dprflow.reranking import score_with_reranker
 from dprflow.runs import positive_passages
 from dprflow.schemas import read_table, write_table
-from dprflow.stages.encode_corpus import model_device
 
 log = logging.getLogger("dprflow.score_candidates")
 
@@ -60,18 +56,8 @@ def score(args: Args) -> None:
     positives = positive_passages(read_table(args.qrels, "qrels"), passages)
     positives = positives[positives["query_id"].isin(set(negatives["query_id"]))]
     pairs = pd.concat([positives, negatives[["query_id", "passage_id"]]]).drop_duplicates(ignore_index=True)
-    tokenizer = load_tokenizer(args.model)
-    texts = passage_texts(passages, tokenizer.sep_token or "|")
-    device = model_device()
-    model = CrossEncoder.from_pretrained(args.model).to(device)
-    pairs["score"] = score_pairs(
-        model,
-        tokenizer,
-        pairs["query_id"].map(queries).tolist(),
-        [texts[p] for p in pairs["passage_id"]],
-        args.max_length,
-        args.batch_size,
-        device,
+    pairs["score"] = score_with_reranker(
+        args.model, queries, passages, pairs, args.max_length, args.batch_size
     )
     write_table(pairs, args.out, "scores")
     log.info(
