@@ -405,13 +405,7 @@ class Condenser(nn.Module):
         from transformers import AutoModel
 
         head_dir = path / HEAD_DIR
-        config_file = head_dir / HEAD_CONFIG
-        try:
-            record = json.loads(config_file.read_text())
-        except FileNotFoundError as exc:
-            raise ValueError(f"{head_dir} holds no {HEAD_CONFIG}; not a saved Condenser") from exc
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{config_file}: line {exc.lineno}: not valid JSON ({exc.msg})") from exc
+        record = _read_saved_record(head_dir, HEAD_CONFIG, "Condenser")
         saved = CondenserConfig(**record["condenser"])
         if config is None:
             config = saved
@@ -437,17 +431,32 @@ class Condenser(nn.Module):
         if unknown:
             raise ValueError(f"{head_dir / HEAD_WEIGHTS}: unexpected tensors {unknown[:5]}")
         model.head.load_state_dict(head_state)
-        missing, unexpected = model.lm_head.load_state_dict(lm_state, strict=False)
-        tied = {"predictions.decoder.bias"} | (
-            {"predictions.decoder.weight"} if record.get("tied_decoder_weight", True) else set()
-        )
-        if unexpected or set(missing) - tied:
-            raise ValueError(
-                f"{head_dir / HEAD_WEIGHTS}: MLM head mismatch, missing {sorted(set(missing) - tied)}, "
-                f"unexpected {sorted(unexpected)}"
-            )
+        _load_saved_lm_head(model.lm_head, lm_state, record, head_dir / HEAD_WEIGHTS)
         log.info("Condenser restored from %s (backbone and head)", path)
         return model
+
+
+def _read_saved_record(folder: Path, config_name: str, what: str) -> dict:
+    """The JSON record a saved pre-training model keeps beside its extra weights."""
+    config_file = folder / config_name
+    try:
+        return json.loads(config_file.read_text())
+    except FileNotFoundError as exc:
+        raise ValueError(f"{folder} holds no {config_name}; not a saved {what}") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{config_file}: line {exc.lineno}: not valid JSON ({exc.msg})") from exc
+
+
+def _load_saved_lm_head(lm_head: nn.Module, state: dict, record: dict, weights: Path) -> None:
+    """Restore the MLM head; the output weight (when tied to the embeddings) and bias are not stored."""
+    missing, unexpected = lm_head.load_state_dict(state, strict=False)
+    tied = {"predictions.decoder.bias"} | (
+        {"predictions.decoder.weight"} if record.get("tied_decoder_weight", True) else set()
+    )
+    if unexpected or set(missing) - tied:
+        raise ValueError(
+            f"{weights}: MLM head mismatch, missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}"
+        )
 
 
 def _pretrained_mlm_head(source: str, backbone: nn.Module, **model_kwargs: Any) -> nn.Module:

@@ -72,9 +72,11 @@ from dprflow.modeling.condenser import (
     _check_backbone,
     _freeze_pooler,
     _layer_output,
+    _load_saved_lm_head,
     _new_head_layers,
     _new_mlm_head,
     _pretrained_mlm_head,
+    _read_saved_record,
     _tie,
 )
 
@@ -367,15 +369,7 @@ class BottleneckedMAE(nn.Module):
         from transformers import AutoModel
 
         decoder_dir = path / DECODER_DIR
-        config_file = decoder_dir / DECODER_CONFIG
-        try:
-            record = json.loads(config_file.read_text())
-        except FileNotFoundError as exc:
-            raise ValueError(
-                f"{decoder_dir} holds no {DECODER_CONFIG}; not a saved bottlenecked MAE"
-            ) from exc
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{config_file}: line {exc.lineno}: not valid JSON ({exc.msg})") from exc
+        record = _read_saved_record(decoder_dir, DECODER_CONFIG, "bottlenecked MAE")
         saved = MAEConfig(**record["mae"])
         if config is None:
             config = saved
@@ -399,14 +393,6 @@ class BottleneckedMAE(nn.Module):
 
         model.decoder.load_state_dict(part("decoder."))
         model.projection.load_state_dict(part("projection."))
-        missing, unexpected = model.lm_head.load_state_dict(part("lm_head."), strict=False)
-        tied = {"predictions.decoder.bias"} | (
-            {"predictions.decoder.weight"} if record.get("tied_decoder_weight", True) else set()
-        )
-        if unexpected or set(missing) - tied:
-            raise ValueError(
-                f"{weights}: MLM head mismatch, missing {sorted(set(missing) - tied)}, "
-                f"unexpected {sorted(unexpected)}"
-            )
+        _load_saved_lm_head(model.lm_head, part("lm_head."), record, weights)
         log.info("bottlenecked MAE restored from %s (encoder, decoder, projection, MLM head)", path)
         return model
