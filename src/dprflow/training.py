@@ -52,6 +52,7 @@ class TrainArgs:
     learning_rate: float = 2e-5
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1
+    head_learning_rate: float = 0.0  # weights the model created at random (0: learning_rate)
     epochs: int = 1
     max_steps: int = 0  # 0: every epoch
     seed: int = 13
@@ -68,6 +69,13 @@ class OptimArgs:
     learning_rate: float = field(default=2e-5, metadata={"help": "AdamW peak learning rate"})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
     warmup_ratio: float = field(default=0.1, metadata={"help": "linear warm-up share"})
+    head_learning_rate: float = field(
+        default=0.0,
+        metadata={
+            "help": "peak learning rate of weights initialised at random (a new classification head); "
+            "0: learning_rate"
+        },
+    )
     epochs: int = field(default=1, metadata={"help": "passes over the training examples"})
     max_steps: int = field(default=0, metadata={"help": "stop after this many steps (0: all epochs)"})
     seed: int = field(default=13, metadata={"help": "random seed"})
@@ -123,6 +131,31 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return max(done, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]), default=None)
 
 
+def parameter_groups(model: torch.nn.Module, args: TrainArgs) -> list[dict[str, Any]]:
+    """AdamW groups: no weight decay for biases and LayerNorm; with ``args.head_learning_rate``,
+    the weights named in ``model.new_parameter_names`` (those a loader initialised at random,
+    such as a cross-encoder's classification head) get their own peak learning rate. A random
+    head under the encoder's small fine-tuning rate barely moves in a short run; a larger rate
+    for the head alone lets it learn while the pre-trained weights stay close to their start."""
+    new_names = set(getattr(model, "new_parameter_names", ()) or ()) if args.head_learning_rate else set()
+    groups: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        no_decay = param.ndim < 2 or "LayerNorm" in name or "bias" in name
+        groups.setdefault((name in new_names, no_decay), []).append(param)
+    unknown = new_names - {n for n, _ in model.named_parameters()}
+    if unknown:
+        raise ValueError(f"new_parameter_names not in the model: {sorted(unknown)}")
+    out = []
+    for (is_new, no_decay), params in sorted(groups.items()):
+        group: dict[str, Any] = {"params": params, "weight_decay": 0.0 if no_decay else args.weight_decay}
+        if is_new:
+            group["lr"] = args.head_learning_rate
+        out.append(group)
+    return out
+
+
 class Trainer:
     """Runs ``step_fn`` over batches with AdamW, a linear schedule, checkpoints and a loss log.
 
@@ -165,14 +198,7 @@ class Trainer:
         self.local_batch = args.batch_size // self.dist.world_size
         self.steps = total_steps(len(self.items), args)
         self.model = model.to(self.dist.device)
-        decay, no_decay = [], []
-        for name, param in self.model.named_parameters():
-            if param.requires_grad:
-                (no_decay if param.ndim < 2 or "LayerNorm" in name or "bias" in name else decay).append(param)
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=args.learning_rate,
-        )
+        self.optimizer = torch.optim.AdamW(parameter_groups(self.model, args), lr=args.learning_rate)
         warmup = int(self.steps * args.warmup_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,

@@ -44,12 +44,15 @@ class CrossEncoder(nn.Module):
         loss = listwise_ce(scores.view(batch_size, group_size))
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, new_parameter_names: tuple[str, ...] = ()) -> None:
         super().__init__()
         num_labels = getattr(getattr(model, "config", None), "num_labels", 1)
         if num_labels != 1:
             raise ValueError(f"a cross-encoder needs a model with num_labels=1, got {num_labels}")
         self.model = model
+        # The weights the loader created at random (the head), named as in this module; the
+        # trainer may give them their own learning rate (TrainArgs.head_learning_rate).
+        self.new_parameter_names = new_parameter_names
 
     def forward(self, **tokenized: torch.Tensor) -> torch.Tensor:
         """Scores ``[N]`` of ``N`` jointly tokenized (query, passage) pairs."""
@@ -85,7 +88,7 @@ class CrossEncoder(nn.Module):
             )
         else:
             log.info("cross-encoder from %s: all weights loaded", path)
-        return cls(model)
+        return cls(model, tuple(f"model.{name}" for name in missing))
 
     def save_pretrained(self, out_dir: str | Path, tokenizer: Any = None, extra: dict | None = None) -> None:
         """Write the model (safetensors), the tokenizer and ``dprflow_reranker.json`` (``extra``) into ``out_dir``."""

@@ -1,0 +1,74 @@
+"""Stage ``pmi_count``: word n-gram counts (n = 1..L) of one shard of a pre-training corpus.
+
+CDMAE §3.2 estimates token importance from corpus n-gram statistics. The corpus (a collection's
+passages, or the generic corpus of stage one) is cut into ``shards`` contiguous ranges of texts;
+each shard is one job, counted by streaming (:func:`dprflow.pmi.count_shard`) with memory bounded
+by ``max_distinct``, not by the corpus. Stage ``pmi`` merges the shards; counts are never pruned
+here, so one shard or many give identical statistics.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+
+from dprflow import pmi
+from dprflow.cli import run_stage
+from dprflow.pretrain_data import GENERIC_SOURCES, generic_texts
+from dprflow.schemas import write_table
+
+log = logging.getLogger("dprflow.pmi_count")
+
+
+@dataclass
+class Args:
+    """Count the word n-grams of one shard of a corpus."""
+
+    corpus: str = field(metadata={"help": "corpus source", "choices": list(GENERIC_SOURCES)})
+    out: str = field(metadata={"help": "ngram_counts Parquet table of this shard"})
+    corpus_path: str | None = field(default=None, metadata={"help": "jsonl file or passages.parquet"})
+    shard: int = field(default=0, metadata={"help": "this shard's index, 0-based"})
+    shards: int = field(default=1, metadata={"help": "number of shards"})
+    max_n: int = field(default=pmi.DEFAULT_MAX_N, metadata={"help": "largest n-gram order L (CDMAE: 4)"})
+    max_distinct: int = field(
+        default=1 << 25,
+        metadata={"help": "distinct n-grams held in memory before spilling to disk (16 bytes each)"},
+    )
+    spill_dir: str | None = field(default=None, metadata={"help": "folder for spilled runs (default: temp)"})
+
+    def check(self) -> None:
+        if not 0 <= self.shard < self.shards:
+            raise ValueError(f"--shard {self.shard} is outside 0..{self.shards - 1}")
+
+
+def shard_range(n_texts: int, shard: int, shards: int) -> tuple[int, int]:
+    """The texts ``[start, stop)`` of one of ``shards`` contiguous, near-equal shards."""
+    return n_texts * shard // shards, n_texts * (shard + 1) // shards
+
+
+def count(args: Args) -> None:
+    texts = generic_texts(args.corpus, args.corpus_path)
+    start, stop = shard_range(len(texts), args.shard, args.shards)
+    counts = pmi.count_shard(
+        texts[start:stop], args.max_n, max_distinct=args.max_distinct, spill_dir=args.spill_dir
+    )
+    log.info(
+        "shard %d/%d: texts %d..%d of %d; n-gram occurrences per order %s; distinct %s",
+        args.shard,
+        args.shards,
+        start,
+        stop,
+        len(texts),
+        counts.totals[1:].tolist(),
+        counts.distinct()[1:].tolist(),
+    )
+    write_table(counts.to_frame(), args.out, "ngram_counts")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(Args, count, argv, "pmi_count")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Stages ``pretrain_mae_generic`` and ``pretrain_mae_corpus``: bottlenecked masked auto-encoder
+pre-training, BMAE, CDMAE or CoT-MAE (CDMAE §3; query-as-context §2.2).
+
+CDMAE pre-trains in two stages (Table 5): on a generic corpus from ``model.init``, then on the
+target corpus from the stage-one model (decoder, projection and MLM head restored). Both run this
+module; they differ in the corpus (``--corpus pydoc|jsonl`` or ``--corpus passages``) and the
+initial checkpoint. The loss is L = L_enc + L_dec (eq. 9; CoT-MAE: L_mlm + L_ctx-mlm), batches
+come from :mod:`dprflow.mae_data`, and the saved folder's encoder loads with
+``AutoModel.from_pretrained`` (the decoder is kept in ``mae_decoder/`` for the next stage).
+
+``cdmae`` needs the corpus's n-gram statistics (stage ``pmi``), which give each token its
+importance for the decoder's masking.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from dprflow.cli import StageError, run_stage
+from dprflow.mae_data import CONTEXTS, VARIANTS, chunk_texts, mae_batch, tokenize_with_importance
+from dprflow.model_init import load_tokenizer
+from dprflow.modeling.mae import BottleneckedMAE, MAEConfig
+from dprflow.pmi import NgramCounts
+from dprflow.pretrain_data import GENERIC_SOURCES, generic_texts
+from dprflow.schemas import read_table
+from dprflow.training import OptimArgs, set_seed, train_and_save
+
+log = logging.getLogger("dprflow.pretrain_mae")
+
+
+@dataclass(kw_only=True)
+class Args(OptimArgs):
+    """Pre-train a bottlenecked masked auto-encoder (BMAE, CDMAE, CoT-MAE)."""
+
+    variant: str = field(metadata={"help": "which MAE", "choices": list(VARIANTS)})
+    init: str = field(metadata={"help": "model.init, or the stage-one MAE folder"})
+    corpus: str = field(metadata={"help": "corpus source", "choices": list(GENERIC_SOURCES)})
+    out: str = field(metadata={"help": "model folder to write"})
+    checkpoint_dir: str = field(metadata={"help": "resumable checkpoints"})
+    corpus_path: str | None = field(default=None, metadata={"help": "jsonl file or passages.parquet"})
+    pmi: str | None = field(default=None, metadata={"help": "n-gram statistics (stage pmi); cdmae only"})
+    p_enc: float = field(default=0.3, metadata={"help": "encoder mask ratio (CDMAE §4.1: 0.3)"})
+    p_dec: float = field(default=0.5, metadata={"help": "decoder mask ratio (CDMAE 0.5, CoT-MAE 0.45)"})
+    sigma: float = field(default=1.0, metadata={"help": "importance noise std (CDMAE footnote 3: 1)"})
+    n_decoder_layers: int = field(default=2, metadata={"help": "decoder Transformer layers (CDMAE: 2)"})
+    use_projection: bool = field(default=True, metadata={"help": "h_b = W h_c + b (eq. 4); false: h_b = h_c"})
+    max_length: int = field(
+        default=128, metadata={"help": "bmae/cdmae tokens per sequence, specials included"}
+    )
+    span_min: int = field(default=16, metadata={"help": "cotmae: shortest span in tokens"})
+    span_max: int = field(default=64, metadata={"help": "cotmae: longest span in tokens"})
+    context: str = field(default="near", metadata={"help": "cotmae context span", "choices": list(CONTEXTS)})
+    batch_size: int = field(default=16, metadata={"help": "sequences (cotmae: documents) per step"})
+    learning_rate: float = field(default=1e-4, metadata={"help": "AdamW peak learning rate"})
+
+    def check(self) -> None:
+        if self.variant == "cdmae" and not self.pmi:
+            raise ValueError("--variant cdmae needs --pmi (the n-gram statistics of stage pmi)")
+        if not 1 <= self.span_min <= self.span_max:
+            raise ValueError("need 1 <= --span-min <= --span-max")
+        if self.max_length < 10:
+            raise ValueError("--max-length must be at least 10")
+
+
+def corpus_texts(args: Args) -> list[str]:
+    """The texts pre-trained on: passages, or (cotmae on passages) whole documents, their passages
+    joined in order, so that anchor and context come from the same document."""
+    if args.corpus == "passages" and args.variant == "cotmae":
+        if not args.corpus_path:
+            raise StageError("corpus 'passages' needs --corpus-path")
+        table = read_table(args.corpus_path, "passages").sort_values(["doc_id", "position"], kind="stable")
+        joined = table["title"].str.cat(table["text"], sep=" ").str.strip()
+        return joined.groupby(table["doc_id"], sort=True).agg(" ".join).tolist()
+    return generic_texts(args.corpus, args.corpus_path)
+
+
+def training_items(args: Args, tokenizer) -> tuple[list, dict[str, int]]:
+    stats = None
+    if args.variant == "cdmae":
+        stats = NgramCounts.from_frame(read_table(args.pmi, "ngram_counts"), where=args.pmi)
+    texts = tokenize_with_importance(corpus_texts(args), tokenizer, stats)
+    counts = {"texts": len(texts)}
+    if args.variant == "cotmae":
+        items = [t for t in texts if len(t.ids) >= args.span_min]
+        counts["documents_shorter_than_span_min_skipped"] = len(texts) - len(items)
+    else:
+        items, dropped = chunk_texts(texts, args.max_length - 2)
+        counts["short_trailing_chunks_skipped"] = dropped
+    counts["training_items"] = len(items)
+    for key, value in counts.items():
+        log.info("%s %s: %d", args.variant, key, value)
+    if len(items) < args.batch_size:
+        raise StageError(f"{args.corpus} corpus gives {len(items)} training items, fewer than one batch")
+    return items, counts
+
+
+def pretrain(args: Args) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tokenizer = load_tokenizer(args.init)
+    items, counts = training_items(args, tokenizer)
+    set_seed(args.seed)  # the decoder's and projection's random initialisation
+    config = MAEConfig(
+        n_decoder_layers=args.n_decoder_layers,
+        p_enc=args.p_enc,
+        p_dec=args.p_dec,
+        use_projection=args.use_projection,
+    )
+    model = BottleneckedMAE.from_pretrained(args.init, config)
+
+    def make_batch(rng, batch_items):
+        return mae_batch(
+            args.variant,
+            batch_items,
+            tokenizer,
+            rng,
+            p_enc=args.p_enc,
+            p_dec=args.p_dec,
+            sigma=args.sigma,
+            span_min=args.span_min,
+            span_max=args.span_max,
+            context=args.context,
+        )
+
+    def step(m, batch):
+        device = next(m.parameters()).device
+        fallbacks = batch.pop("fallbacks")
+        out = m(**{k: v.to(device) for k, v in batch.items()})
+        return {**out.as_dict(), "context_fallbacks": fallbacks}
+
+    train_and_save(
+        model, items, make_batch, step, BottleneckedMAE, tokenizer, args, {"corpus_counts": counts}
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(Args, pretrain, argv, "pretrain_mae")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
