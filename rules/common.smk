@@ -338,13 +338,27 @@ def pmi_shard_files(wildcards):
     ]
 
 
-def mae_pmi_input(wildcards, corpus):
+def _mae_pmi(wildcards, corpus):
     """CDMAE's n-gram statistics of the corpus pre-trained on; the other MAEs need none."""
-    return (
-        [f"{RESULTS}/{corpus}/pmi/ngram_counts.parquet"]
-        if wildcards.mae == "cdmae"
-        else []
-    )
+    if wildcards.mae != "cdmae":
+        return []
+    return [f"{RESULTS}/{corpus}/pmi/ngram_counts.parquet"]
+
+
+def mae_generic_pmi(wildcards):
+    return _mae_pmi(wildcards, "pretrain")
+
+
+def mae_corpus_pmi(wildcards):
+    return _mae_pmi(wildcards, wildcards.collection)
+
+
+def mae_generic_flags(wildcards, input):
+    return mae_flags(wildcards, input, "generic")
+
+
+def mae_corpus_flags(wildcards, input):
+    return mae_flags(wildcards, input, "corpus")
 
 
 def mae_flags(wildcards, input, phase):

@@ -108,7 +108,7 @@ rule pretrain_mae_generic:
     input:
         code=stage_code("pretrain_mae"),
         corpus=generic_corpus_input,
-        pmi=lambda w: mae_pmi_input(w, "pretrain"),
+        pmi=mae_generic_pmi,
     output:
         model=directory(f"{RESULTS}/pretrain/{{mae}}/generic/model"),
     log:
@@ -123,7 +123,7 @@ rule pretrain_mae_generic:
         runtime=720,
     params:
         init=config["model"]["init"],
-        flags=lambda w, input: mae_flags(w, input, "generic"),
+        flags=mae_generic_flags,
         checkpoints=f"{RESULTS}/pretrain/{{mae}}/generic/checkpoints",
     shell:
         "python -m dprflow.stages.pretrain_mae --variant {wildcards.mae} --init {params.init}"
@@ -136,7 +136,7 @@ rule pretrain_mae_corpus:
         code=stage_code("pretrain_mae"),
         init=rules.pretrain_mae_generic.output.model,
         passages=rules.split_passages.output.passages,
-        pmi=lambda w: mae_pmi_input(w, w.collection),
+        pmi=mae_corpus_pmi,
     output:
         model=directory(f"{RESULTS}/{{collection}}/{{mae}}/pretrain/model"),
     log:
@@ -150,7 +150,7 @@ rule pretrain_mae_corpus:
         mem_mb=8000,
         runtime=720,
     params:
-        flags=lambda w, input: mae_flags(w, input, "corpus"),
+        flags=mae_corpus_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{mae}}/pretrain/checkpoints",
     shell:
         "python -m dprflow.stages.pretrain_mae --variant {wildcards.mae} --init {input.init}"
