@@ -296,7 +296,8 @@ def reranker_flags():
     r = FT["reranker"]
     return (
         optim_flags(r)
-        + f" --max-length {r['max_length']} --seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}"
+        + f" --max-length {r['max_length']} --head-learning-rate {r['head_learning_rate']}"
+        + f" --seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}"
     )
 
 

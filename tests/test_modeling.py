@@ -117,6 +117,7 @@ def test_cross_encoder_from_plain_encoder_logs_new_head_and_round_trips(tmp_path
     with caplog.at_level(logging.WARNING, logger="dprflow.modeling.cross_encoder"):
         reranker = CrossEncoder.from_pretrained(tmp_path / "encoder").eval()
     assert "initialised at random" in caplog.text and "classifier.weight" in caplog.text
+    assert set(reranker.new_parameter_names) == {"model.classifier.weight", "model.classifier.bias"}
     with torch.no_grad():
         scores = reranker(**INPUTS)
     assert scores.shape == (2,)
@@ -127,7 +128,7 @@ def test_cross_encoder_from_plain_encoder_logs_new_head_and_round_trips(tmp_path
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="dprflow.modeling.cross_encoder"):
         loaded = CrossEncoder.from_pretrained(tmp_path / "reranker").eval()
-    assert "initialised at random" not in caplog.text
+    assert "initialised at random" not in caplog.text and loaded.new_parameter_names == ()
     with torch.no_grad():
         assert torch.allclose(loaded(**INPUTS), scores, atol=1e-6)
 

@@ -166,3 +166,30 @@ def test_no_usable_query_is_an_error(train_data, tiny_init, capsys):
     assert train_retriever.main(argv(train_data, tiny_init, "e")) == 1
     assert "no usable training query" in capsys.readouterr().err
     assert not (train_data / "e").exists()
+
+
+def test_new_weights_get_their_own_learning_rate():
+    from dprflow.training import TrainArgs, parameter_groups
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3), torch.nn.Linear(3, 1))
+    model.new_parameter_names = ("2.weight", "2.bias")
+    groups = parameter_groups(model, TrainArgs(learning_rate=1e-5, head_learning_rate=1e-3, weight_decay=0.1))
+    by_param = {id(p): g for g in groups for p in g["params"]}
+    names = dict(model.named_parameters())
+    assert (
+        by_param[id(names["2.weight"])]["lr"] == 1e-3
+        and by_param[id(names["2.weight"])]["weight_decay"] == 0.1
+    )
+    assert (
+        by_param[id(names["2.bias"])]["lr"] == 1e-3 and by_param[id(names["2.bias"])]["weight_decay"] == 0.0
+    )
+    assert (
+        "lr" not in by_param[id(names["0.weight"])] and by_param[id(names["1.weight"])]["weight_decay"] == 0.0
+    )
+    assert sum(len(g["params"]) for g in groups) == len(names)
+    # Without a head learning rate, one rate for all (the new weights are not singled out).
+    plain = parameter_groups(model, TrainArgs(learning_rate=1e-5))
+    assert all("lr" not in g for g in plain)
+    model.new_parameter_names = ("missing.weight",)
+    with pytest.raises(ValueError, match="missing.weight"):
+        parameter_groups(model, TrainArgs(head_learning_rate=1e-3))
