@@ -396,3 +396,14 @@ def mae_flags(wildcards, input, phase):
         if corpus["path"]:
             flags.append(f"--corpus-path {shlex.quote(corpus['path'])}")
     return " ".join(flags)
+
+
+def training_launcher(wildcards, resources):
+    """How a training job starts its stage: ``python`` for one process, or ``torchrun`` with one
+    process per GPU when the job holds several (``resources: gpu``, set in a profile). The stage
+    code is the same; DDP and the cross-device gathering of negatives start from torchrun's
+    environment (dprflow.distributed)."""
+    gpus = int(resources.get("gpu", 0) or 0)
+    if gpus <= 1:
+        return "python"
+    return f"torchrun --standalone --nproc-per-node {gpus}"

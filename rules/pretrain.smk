@@ -19,11 +19,12 @@ rule pretrain_generic:
         mem_mb=8000,
         runtime=720,
     params:
+        launch=training_launcher,
         init=config["model"]["init"],
         flags=pretrain_generic_flags,
         checkpoints=f"{RESULTS}/pretrain/condenser/generic/checkpoints",
     shell:
-        "python -m dprflow.stages.pretrain_generic --init {params.init} --out {output.model}"
+        "{params.launch} -m dprflow.stages.pretrain_generic --init {params.init} --out {output.model}"
         " --checkpoint-dir {params.checkpoints} {params.flags} --threads {threads} > {log} 2>&1"
 
 
@@ -45,10 +46,11 @@ rule pretrain_corpus:
         mem_mb=8000,
         runtime=720,
     params:
+        launch=training_launcher,
         flags=pretrain_corpus_flags,
         checkpoints=f"{RESULTS}/{{collection}}/cocondenser/pretrain/checkpoints",
     shell:
-        "python -m dprflow.stages.pretrain_corpus --init {input.init} --passages {input.passages}"
+        "{params.launch} -m dprflow.stages.pretrain_corpus --init {input.init} --passages {input.passages}"
         " --out {output.model} --checkpoint-dir {params.checkpoints} {params.flags}"
         " --threads {threads} > {log} 2>&1"
 
@@ -122,11 +124,12 @@ rule pretrain_mae_generic:
         mem_mb=8000,
         runtime=720,
     params:
+        launch=training_launcher,
         init=config["model"]["init"],
         flags=mae_generic_flags,
         checkpoints=f"{RESULTS}/pretrain/{{mae}}/generic/checkpoints",
     shell:
-        "python -m dprflow.stages.pretrain_mae --variant {wildcards.mae} --init {params.init}"
+        "{params.launch} -m dprflow.stages.pretrain_mae --variant {wildcards.mae} --init {params.init}"
         " --out {output.model} --checkpoint-dir {params.checkpoints} {params.flags}"
         " --threads {threads} > {log} 2>&1"
 
@@ -150,9 +153,10 @@ rule pretrain_mae_corpus:
         mem_mb=8000,
         runtime=720,
     params:
+        launch=training_launcher,
         flags=mae_corpus_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{mae}}/pretrain/checkpoints",
     shell:
-        "python -m dprflow.stages.pretrain_mae --variant {wildcards.mae} --init {input.init}"
+        "{params.launch} -m dprflow.stages.pretrain_mae --variant {wildcards.mae} --init {input.init}"
         " --corpus passages --corpus-path {input.passages} --out {output.model}"
         " --checkpoint-dir {params.checkpoints} {params.flags} --threads {threads} > {log} 2>&1"

@@ -22,12 +22,13 @@ rule train_reranker:
         mem_mb=8000,
         runtime=240,
     params:
+        launch=training_launcher,
         init=reranker_init(),
         split=train_split,
         flags=reranker_flags(),
         checkpoints=f"{RESULTS}/{{collection}}/{{method}}/rerank/checkpoints",
     shell:
-        "python -m dprflow.stages.train_reranker --init {params.init} --queries {input.queries}"
+        "{params.launch} -m dprflow.stages.train_reranker --init {params.init} --queries {input.queries}"
         " --qrels {input.qrels} --passages {input.passages} --negatives {input.negatives}"
         " --split {params.split} --out {output.model} --checkpoint-dir {params.checkpoints}"
         " {params.flags} --threads {threads} > {log} 2>&1"

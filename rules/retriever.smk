@@ -22,12 +22,13 @@ rule train_retriever:
         mem_mb=8000,
         runtime=240,
     params:
+        launch=training_launcher,
         init=method_init,
         split=train_split,
         flags=retriever_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{method}}/{{trained}}/checkpoints",
     shell:
-        "python -m dprflow.stages.train_retriever --init {params.init} --queries {input.queries}"
+        "{params.launch} -m dprflow.stages.train_retriever --init {params.init} --queries {input.queries}"
         " --qrels {input.qrels} --passages {input.passages} --negatives {input.negatives}"
         " --split {params.split} --out {output.model} --checkpoint-dir {params.checkpoints}"
         " {params.flags} --threads {threads} > {log} 2>&1"

@@ -308,7 +308,7 @@ class Trainer:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             row = {"step": step + 1, "lr": self.scheduler.get_last_lr()[0]}
-            row.update({k: float(v.detach()) for k, v in out.items()})
+            row.update(self._mean_over_ranks(out))
             history.append(row)
             if (step + 1) % 10 == 0 or step + 1 == self.steps:
                 rate = (step + 1 - start) / max(1e-9, time.time() - t0)
@@ -321,6 +321,17 @@ class Trainer:
                 os.kill(os.getpid(), signal.SIGKILL)
         self._write_log(history, log_path)
         return history
+
+    def _mean_over_ranks(self, out: dict[str, torch.Tensor]) -> dict[str, float]:
+        """The logged scalars, averaged over processes: with equal local batches the mean of the
+        ranks' losses is the full-batch loss, so the log reads the same for 1 or N processes."""
+        keys = list(out)
+        values = torch.stack([torch.as_tensor(out[k]).detach().float().reshape(()) for k in keys])
+        if self.dist.world_size > 1:
+            values = values.to(self.dist.device)
+            torch.distributed.all_reduce(values)
+            values /= self.dist.world_size
+        return dict(zip(keys, values.tolist(), strict=True))
 
     def _backward(self, tensor: torch.Tensor) -> None:
         (self.scaler.scale(tensor) if self.scaler else tensor).backward()
