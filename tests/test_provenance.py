@@ -1,0 +1,67 @@
+"""Provenance records: written by every stage beside its outputs, with the arguments, input hashes,
+code version, packages and machine; a changed input changes the record."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pandas as pd
+
+from dprflow import provenance
+from dprflow.schemas import write_table
+from dprflow.stages import pmi_count
+
+
+def passages_table(path, text="wing lift flow"):
+    rows = [("d0#0", "d0", 0, "", text, 3), ("d1#0", "d1", 0, "", "heat shock wave", 3)]
+    df = pd.DataFrame(rows, columns=["passage_id", "doc_id", "position", "title", "text", "n_tokens"])
+    write_table(df, path, "passages")
+    return path
+
+
+def test_a_stage_writes_its_record_beside_the_output(tmp_path):
+    passages = passages_table(tmp_path / "passages.parquet")
+    out = tmp_path / "counts.parquet"
+    assert pmi_count.main(["--corpus", "passages", "--corpus-path", str(passages), "--out", str(out)]) == 0
+    record = json.loads((tmp_path / "counts.parquet.provenance.json").read_text())
+    assert record["stage"] == "pmi_count" and record["args"]["max_n"] == 4
+    assert record["inputs"] == {str(passages): hashlib.sha256(passages.read_bytes()).hexdigest()}
+    assert len(record["code"]["commit"]) == 40 and isinstance(record["code"]["dirty"], bool)
+    assert record["packages"]["pandas"] == pd.__version__
+    assert record["machine"]["cpus"] >= 1 and record["wall_seconds"] >= 0
+    assert provenance.read(out) == record
+    # Another input gives another record; the same input the same hashes.
+    passages_table(passages, "wing lift drag")
+    assert pmi_count.main(["--corpus", "passages", "--corpus-path", str(passages), "--out", str(out)]) == 0
+    assert provenance.read(out)["inputs"][str(passages)] != record["inputs"][str(passages)]
+
+
+def test_a_failed_stage_writes_no_record(tmp_path):
+    out = tmp_path / "counts.parquet"
+    missing = tmp_path / "missing.parquet"
+    assert pmi_count.main(["--corpus", "passages", "--corpus-path", str(missing), "--out", str(out)]) == 1
+    assert not out.exists() and not provenance.record_path(out).exists()
+
+
+def test_folder_hash_covers_names_and_contents_but_not_records(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "a.txt").write_text("one")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "b.txt").write_text("two")
+    first = provenance.sha256_of(folder)
+    (folder / "provenance.json").write_text("{}")
+    assert provenance.sha256_of(folder) == first
+    (folder / "sub" / "b.txt").write_text("three")
+    assert provenance.sha256_of(folder) != first
+    (folder / "sub" / "b.txt").write_text("two")
+    (folder / "a.txt").rename(folder / "c.txt")
+    assert provenance.sha256_of(folder) != first
+    assert provenance.record_path(folder) == folder / "provenance.json"
+    assert provenance.record_path(folder / "c.txt") == folder / "c.txt.provenance.json"
+
+
+def test_output_arguments_are_named_by_convention():
+    assert all(map(provenance.is_output_arg, ["out", "trec", "out_md", "train_out"]))
+    assert not any(map(provenance.is_output_arg, ["outer", "init", "checkpoint_dir", "passages"]))
