@@ -19,6 +19,10 @@ if not workflow.overwrite_configfiles:
     configfile: "config/config.yaml"
 
 
+# `snakemake --report results/report.html` after a run: this text opens it.
+report: "report/workflow.rst"
+
+
 # Fill defaults and check every key before any rule reads the config.
 validate_config(config, f"{workflow.basedir}/config/schema.yaml")
 
@@ -30,6 +34,7 @@ include: "rules/pretrain.smk"
 include: "rules/retriever.smk"
 include: "rules/reranker.smk"
 include: "rules/evaluation.smk"
+include: "rules/report.smk"
 
 
 rule all:
@@ -37,3 +42,4 @@ rule all:
     input:
         rules.compare.output,
         nb_recall_files(),
+        rules.report_results.output,

@@ -27,6 +27,11 @@ def compare_results_dir(wildcards, output):
     return os.path.dirname(output.md)
 
 
+def report_results_dir(wildcards, output):
+    """The results folder (the report pages live in its report/ subfolder)."""
+    return os.path.dirname(os.path.dirname(output.html))
+
+
 def stage_code(name):
     """The stage module's file: an input of its rule, so editing the stage reruns it."""
     return os.path.join(SRC, "dprflow", "stages", f"{name}.py")
@@ -407,3 +412,46 @@ def training_launcher(wildcards, resources):
     if gpus <= 1:
         return "python"
     return f"torchrun --standalone --nproc-per-node {gpus}"
+
+
+def pretrained_models(collection, method):
+    """Every pre-training model folder of a method (stage one and two), for the loss curves."""
+    if method == "condenser":
+        return [f"{RESULTS}/pretrain/condenser/generic/model"]
+    if method == "cocondenser":
+        return [
+            f"{RESULTS}/pretrain/condenser/generic/model",
+            f"{RESULTS}/{collection}/cocondenser/pretrain/model",
+        ]
+    if method in MAE_METHODS:
+        return [
+            f"{RESULTS}/pretrain/{method}/generic/model",
+            f"{RESULTS}/{collection}/{method}/pretrain/model",
+        ]
+    return []
+
+
+def training_model_dirs():
+    """The model folder of every training stage of the run; each holds its train_log.csv."""
+    dirs = []
+    for c in config["collections"]:
+        for m in config["methods"]:
+            dirs += pretrained_models(c, m)
+            dirs += [
+                f"{RESULTS}/{c}/{m}/{s}/model"
+                for s in ("r1", "r2", "rerank", "distill")
+            ]
+    return list(dict.fromkeys(dirs))
+
+
+def config_json():
+    return shlex.quote(json.dumps(config, sort_keys=True))
+
+
+def expected_metrics_file(wildcards):
+    path = config["evaluation"]["expected"]
+    if not path:
+        raise ValueError(
+            "evaluation.expected is not set: name a file of expected metrics to check against"
+        )
+    return path

@@ -1,0 +1,155 @@
+"""The pieces of the results report that are not figures: the comparison as an HTML page with the
+provenance of every row, and the training logs gathered from the model folders.
+
+The comparison page renders ``results/compare.md`` (headings, pipe tables and paragraphs, the only
+Markdown it holds) and appends, per row of the table, the provenance records
+(:mod:`dprflow.provenance`) of the artifacts that made it: the metrics, the run, the models of
+that stage, and the method's pre-trained encoders.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from dprflow import provenance
+
+STAGE_FOLDERS = {"r1": "r1", "r2": "r2", "rerank": "rerank", "distill": "distill", "zeroshot": "zeroshot"}
+
+
+def markdown_to_html(text: str) -> str:
+    """Headings, pipe tables and paragraphs of our Markdown, as HTML."""
+    out: list[str] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].rstrip()
+        if not line:
+            i += 1
+            continue
+        if line.startswith("#"):
+            level = min(len(line) - len(line.lstrip("#")), 6)
+            out.append(f"<h{level}>{html.escape(line[level:].strip())}</h{level}>")
+            i += 1
+        elif line.startswith("|"):
+            block = []
+            while i < len(lines) and lines[i].startswith("|"):
+                block.append(lines[i])
+                i += 1
+            out.append(_table(block))
+        else:
+            para = []
+            while i < len(lines) and lines[i].strip() and not lines[i].startswith(("|", "#")):
+                para.append(lines[i].strip())
+                i += 1
+            out.append(f"<p>{html.escape(' '.join(para))}</p>")
+    return "\n".join(out)
+
+
+def _cells(row: str) -> list[str]:
+    return [c.strip() for c in row.strip().strip("|").split("|")]
+
+
+def _table(block: list[str]) -> str:
+    head, body = _cells(block[0]), [r for r in block[1:] if not set(r.replace("|", "").strip()) <= {"-", ":"}]
+    parts = ["<table>", "<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr>"]
+    for row in body:
+        parts.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(row)) + "</tr>")
+    parts.append("</table>")
+    return "\n".join(parts)
+
+
+def row_artifacts(results: Path, collection: str, system: str) -> list[Path]:
+    """The artifacts behind one row of the table that carry a provenance record."""
+    folder = results / collection / system
+    paths = sorted(
+        p for p in folder.rglob("*") if p.name.endswith(provenance.SUFFIX) or p.name == provenance.FOLDER_FILE
+    )
+    method = system.split("/")[0]
+    if system != "bm25" and method != "none":
+        for pre in (
+            results / collection / method / "pretrain" / "model",
+            results / "pretrain" / method / "generic" / "model",
+        ):
+            if provenance.record_path(pre).is_file():
+                paths.append(provenance.record_path(pre))
+    return paths
+
+
+def _artifact_of(record_file: Path) -> Path:
+    if record_file.name == provenance.FOLDER_FILE:
+        return record_file.parent
+    return record_file.with_name(record_file.name[: -len(provenance.SUFFIX)])
+
+
+def provenance_html(results: Path, table: pd.DataFrame) -> str:
+    """One section per row of the comparison: stage, artifact, commit, dirty tree, wall time, inputs."""
+    parts = ["<h2>Provenance of each row</h2>"]
+    rows = table[["collection", "system"]].drop_duplicates()
+    for collection, system in rows.itertuples(index=False):
+        parts.append(f"<h3>{html.escape(collection)} {html.escape(system)}</h3>")
+        records = row_artifacts(results, collection, system)
+        if not records:
+            parts.append("<p>No provenance records.</p>")
+            continue
+        parts.append(
+            "<table><tr><th>artifact</th><th>stage</th><th>commit</th><th>dirty</th><th>started</th>"
+            "<th>wall s</th><th>inputs (sha256)</th><th>arguments</th></tr>"
+        )
+        for path in records:
+            rec = json.loads(path.read_text())
+            artifact = _artifact_of(path)
+            inputs = "<br>".join(
+                f"{html.escape(k)}: {v[:12]}" for k, v in sorted(rec.get("inputs", {}).items())
+            )
+            commit = (rec.get("code") or {}).get("commit") or ""
+            args = html.escape(json.dumps(rec.get("args", {}), sort_keys=True))
+            parts.append(
+                f"<tr><td>{html.escape(str(artifact.relative_to(results)))}</td><td>{html.escape(rec.get('stage', ''))}</td>"
+                f"<td>{commit[:10]}</td><td>{(rec.get('code') or {}).get('dirty')}</td>"
+                f"<td>{html.escape(str(rec.get('started', '')))}</td><td>{rec.get('wall_seconds', '')}</td>"
+                f"<td>{inputs}</td><td><details><summary>show</summary><code>{args}</code></details></td></tr>"
+            )
+        parts.append("</table>")
+    return "\n".join(parts)
+
+
+def comparison_page(markdown: str, results: Path, table: pd.DataFrame) -> str:
+    style = (
+        "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin:.5em 0}"
+        "td,th{border:1px solid #bbb;padding:3px 7px;font-size:13px;vertical-align:top}"
+        "th{background:#eee}code{font-size:11px;word-break:break-all}"
+    )
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>dprflow comparison</title>"
+        f"<style>{style}</style></head><body>\n{markdown_to_html(markdown)}\n"
+        f"{provenance_html(results, table)}\n</body></html>\n"
+    )
+
+
+def training_logs(model_dirs: list[str], results: Path) -> pd.DataFrame:
+    """``collection, method, stage, step, loss`` from each model folder's ``train_log.csv``.
+
+    Folders are ``<results>/<collection>/<method>/<stage>/model`` (fine-tuning and corpus
+    pre-training, stage ``pretrain`` read as ``pretrain-corpus``) or
+    ``<results>/pretrain/<method>/generic/model`` (stage ``pretrain-generic``).
+    """
+    frames = []
+    for d in model_dirs:
+        parts = Path(d).resolve().relative_to(results.resolve()).parts
+        if parts[0] == "pretrain":
+            collection, method, stage = "generic", parts[1], "pretrain-generic"
+        else:
+            collection, method, stage = parts[0], parts[1], parts[2]
+            stage = "pretrain-corpus" if stage == "pretrain" else stage
+        log_file = Path(d) / "train_log.csv"
+        if not log_file.is_file():
+            raise FileNotFoundError(f"{log_file}: a training stage's model folder without its loss log")
+        frame = pd.read_csv(log_file, usecols=["step", "loss"])
+        frames.append(frame.assign(collection=collection, method=method, stage=stage))
+    if not frames:
+        return pd.DataFrame(columns=["collection", "method", "stage", "step", "loss"])
+    return pd.concat(frames, ignore_index=True)
