@@ -196,4 +196,9 @@ class PairMaker:
         pairs = [self.pair(rng, ids) for ids in docs]
         q_ids, q_mask = self.pad([q for q, _ in pairs])
         k_ids, k_mask = self.pad([k for _, k in pairs])
-        return {"q_input_ids": q_ids, "q_attention_mask": q_mask, "k_input_ids": k_ids, "k_attention_mask": k_mask}
+        return {
+            "q_input_ids": q_ids,
+            "q_attention_mask": q_mask,
+            "k_input_ids": k_ids,
+            "k_attention_mask": k_mask,
+        }
