@@ -11,18 +11,26 @@ SNAKEMAKE_ARGS ?=
 # Jobs run `python -m dprflow.stages.<rule>`: the venv's bin comes first on PATH, as if activated.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup run dry-run test lint format bench clean
+.PHONY: setup run dry-run test lint format bench check report clean
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,slurm]'
 	touch $@
 
 run: setup
-	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG) $(SNAKEMAKE_ARGS)
+	$(BIN)/snakemake --profile profiles/local --cores $(CORES) --configfile $(CONFIG) $(SNAKEMAKE_ARGS)
+
+# The latest results against config/expected/ (OK or FAIL per row); fails on a FAIL.
+check: setup
+	$(BIN)/snakemake --profile profiles/local --cores 1 --configfile $(CONFIG) --forcerun check check
+
+# One HTML page: comparison with provenance, figures, config (after make run).
+report: setup
+	$(BIN)/snakemake --profile profiles/local --cores 1 --configfile $(CONFIG) --report results/report.html
 
 dry-run: setup
 	$(BIN)/snakemake -n --cores $(CORES) --configfile $(CONFIG)

@@ -37,6 +37,18 @@ include: "rules/evaluation.smk"
 include: "rules/report.smk"
 
 
+# Bookkeeping rules run where Snakemake runs, not as cluster jobs.
+localrules:
+    all,
+    evaluate,
+    compare,
+    nb_recall,
+    mine_negatives,
+    pmi,
+    report_results,
+    check,
+
+
 rule all:
     default_target: True
     input:

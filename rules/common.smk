@@ -14,6 +14,11 @@ RESULTS = "results"
 LOGS = f"{RESULTS}/logs"
 BENCHMARKS = f"{RESULTS}/benchmarks"
 STAGES = ["zeroshot", "r1", "r2", "rerank", "distill"]
+# Methods whose pre-trained encoder is a retriever as it is (Contriever's unsupervised setting):
+# they get a zeroshot row of their own beside none/zeroshot.
+ZEROSHOT_METHODS = ["contriever"]
+# The bi-encoder pooling each method was pre-trained with; the others use finetune.pooling.
+METHOD_POOLING = {"contriever": "mean"}
 
 
 wildcard_constraints:
@@ -98,6 +103,7 @@ def systems():
     """Every evaluated row of the comparison: BM25, the initial model off the shelf, and each
     method's fine-tuning stages."""
     rows = ["bm25", "none/zeroshot"]
+    rows += [f"{m}/zeroshot" for m in config["methods"] if m in ZEROSHOT_METHODS]
     for method in config["methods"]:
         rows += [f"{method}/{stage}" for stage in ("r1", "r2", "rerank", "distill")]
     return rows
@@ -146,7 +152,10 @@ def pretrained_encoder(wildcards):
     """The pre-trained encoder folder of a method (an input of its retrievers); none for method none."""
     if wildcards.method == "condenser":
         return [f"{RESULTS}/pretrain/condenser/generic/model"]
-    if wildcards.method == "cocondenser" or wildcards.method in MAE_METHODS:
+    if (
+        wildcards.method in ("cocondenser", "contriever")
+        or wildcards.method in MAE_METHODS
+    ):
         return [f"{RESULTS}/{wildcards.collection}/{wildcards.method}/pretrain/model"]
     return []
 
@@ -217,16 +226,23 @@ def shards():
     return list(range(FT["encode_shards"]))
 
 
+def method_pooling(method):
+    return METHOD_POOLING.get(method, FT["pooling"])
+
+
 def encoder_inputs(wildcards):
-    """The trained model folder of a retriever; none for the off-the-shelf model."""
+    """The trained model folder of a retriever; for a zeroshot row, the method's pre-trained
+    encoder (none for the initial model off the shelf)."""
     if wildcards.retriever == "zeroshot":
-        return []
+        return pretrained_encoder(wildcards)
     return f"{RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}/model"
 
 
 def encoder_flags(wildcards):
     if wildcards.retriever == "zeroshot":
-        return f"--model {config['model']['init']} --pooling {config['model']['zeroshot_pooling']}"
+        if wildcards.method == "none":
+            return f"--model {config['model']['init']} --pooling {config['model']['zeroshot_pooling']}"
+        return f"--model {method_init(wildcards)} --pooling {method_pooling(wildcards.method)}"
     return f"--model {RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}/model"
 
 
@@ -262,7 +278,8 @@ def retriever_inputs(wildcards):
 def retriever_flags(wildcards, input):
     """Hyper-parameters of one trained retriever (distillation has its own section)."""
     common = (
-        f"--pooling {FT['pooling']} --shared {str(FT['shared_encoder']).lower()} --seed {FT['seed']}"
+        f"--pooling {method_pooling(wildcards.method)} --shared {str(FT['shared_encoder']).lower()}"
+        f" --seed {FT['seed']}"
         f" --max-query-length {FT['max_query_length']} --max-passage-length {FT['max_passage_length']}"
         f" --checkpoint-every {FT['checkpoint_every']}"
     )
@@ -423,6 +440,8 @@ def pretrained_models(collection, method):
             f"{RESULTS}/pretrain/condenser/generic/model",
             f"{RESULTS}/{collection}/cocondenser/pretrain/model",
         ]
+    if method == "contriever":
+        return [f"{RESULTS}/{collection}/contriever/pretrain/model"]
     if method in MAE_METHODS:
         return [
             f"{RESULTS}/pretrain/{method}/generic/model",
@@ -455,3 +474,26 @@ def expected_metrics_file(wildcards):
             "evaluation.expected is not set: name a file of expected metrics to check against"
         )
     return path
+
+
+def pretrain_contriever_flags(wildcards):
+    keys = [
+        "negatives",
+        "pairs",
+        "queue_size",
+        "momentum",
+        "temperature",
+        "ratio_min",
+        "ratio_max",
+        "max_doc_tokens",
+        "p_delete",
+        "p_replace",
+        "p_mask",
+        "batch_size",
+        "learning_rate",
+        "weight_decay",
+        "warmup_ratio",
+        "epochs",
+        "max_steps",
+    ]
+    return f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']} {train_flags(PT['contriever'], keys)}"

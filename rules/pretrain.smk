@@ -1,5 +1,6 @@
 # Pre-training: Condenser on the generic corpus (stage one, shared by every collection) and
-# coCondenser on each collection's own documents (stage two).
+# coCondenser on each collection's own documents (stage two); Contriever on each collection's
+# documents; the masked auto-encoders (below).
 
 
 rule pretrain_generic:
@@ -53,6 +54,33 @@ rule pretrain_corpus:
         "{params.launch} -m dprflow.stages.pretrain_corpus --init {input.init} --passages {input.passages}"
         " --out {output.model} --checkpoint-dir {params.checkpoints} {params.flags}"
         " --threads {threads} > {log} 2>&1"
+
+
+rule pretrain_contriever:
+    input:
+        code=stage_code("pretrain_contriever"),
+        passages=rules.split_passages.output.passages,
+    output:
+        model=directory(f"{RESULTS}/{{collection}}/contriever/pretrain/model"),
+    log:
+        f"{LOGS}/{{collection}}/contriever/pretrain_contriever.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/contriever/pretrain_contriever.tsv"
+    conda:
+        "../envs/training.yaml"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=720,
+    params:
+        launch=training_launcher,
+        init=config["model"]["init"],
+        flags=pretrain_contriever_flags,
+        checkpoints=f"{RESULTS}/{{collection}}/contriever/pretrain/checkpoints",
+    shell:
+        "{params.launch} -m dprflow.stages.pretrain_contriever --init {params.init}"
+        " --passages {input.passages} --out {output.model} --checkpoint-dir {params.checkpoints}"
+        " {params.flags} --threads {threads} > {log} 2>&1"
 
 
 # Masked auto-encoders (BMAE, CDMAE, CoT-MAE): n-gram statistics for CDMAE's importance-aware
