@@ -141,10 +141,17 @@ PT = config["pretrain"]
 
 
 MAE_METHODS = ["bmae", "cdmae", "cotmae"]
+# Query-as-context (doc2query queries as the context of their passage) and the method whose
+# stage-one model and pre-training stage it shares.
+QAC_METHODS = {"qac-cocondenser": "cocondenser", "qac-cotmae": "cotmae"}
+# Methods pre-trained on each collection (their encoder: <collection>/<method>/pretrain/model).
+CORPUS_PRETRAINED = ["cocondenser", "contriever", *MAE_METHODS, *QAC_METHODS]
 
 
 wildcard_constraints:
     mae="|".join(MAE_METHODS),
+    mae_method="|".join(MAE_METHODS + ["qac-cotmae"]),
+    cocondenser="cocondenser|qac-cocondenser",
     corpus="[A-Za-z0-9_-]+",
 
 
@@ -152,10 +159,7 @@ def pretrained_encoder(wildcards):
     """The pre-trained encoder folder of a method (an input of its retrievers); none for method none."""
     if wildcards.method == "condenser":
         return [f"{RESULTS}/pretrain/condenser/generic/model"]
-    if (
-        wildcards.method in ("cocondenser", "contriever")
-        or wildcards.method in MAE_METHODS
-    ):
+    if wildcards.method in CORPUS_PRETRAINED:
         return [f"{RESULTS}/{wildcards.collection}/{wildcards.method}/pretrain/model"]
     return []
 
@@ -205,7 +209,8 @@ def pretrain_generic_flags(wildcards):
     return f"{flags} {train_flags(PT['condenser'], keys)}"
 
 
-def pretrain_corpus_flags(wildcards):
+def pretrain_corpus_flags(wildcards, input):
+    queries = "".join(f" --queries {shlex.quote(p)}" for p in _files(input.queries))
     keys = [
         "span_min",
         "span_max",
@@ -219,7 +224,10 @@ def pretrain_corpus_flags(wildcards):
         "epochs",
         "max_steps",
     ]
-    return f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']} {train_flags(PT['cocondenser'], keys)}"
+    return (
+        f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}"
+        f" {train_flags(PT['cocondenser'], keys)}{queries}"
+    )
 
 
 def shards():
@@ -373,7 +381,26 @@ def mae_generic_pmi(wildcards):
 
 
 def mae_corpus_pmi(wildcards):
-    return _mae_pmi(wildcards, wildcards.collection)
+    if wildcards.mae_method != "cdmae":
+        return []
+    return [f"{RESULTS}/{wildcards.collection}/pmi/ngram_counts.parquet"]
+
+
+def mae_variant(wildcards):
+    """The MAE a corpus-phase method trains: qac-cotmae is CoT-MAE with query contexts."""
+    return QAC_METHODS.get(wildcards.mae_method, wildcards.mae_method)
+
+
+def mae_generic_model(wildcards):
+    return f"{RESULTS}/pretrain/{mae_variant(wildcards)}/generic/model"
+
+
+def qac_queries_input(wildcards):
+    """A query-as-context method's doc2query queries; none for the other methods."""
+    method = wildcards.get("cocondenser") or wildcards.get("mae_method")
+    if method not in QAC_METHODS:
+        return []
+    return [f"{RESULTS}/{wildcards.collection}/doc2query/generated_queries.parquet"]
 
 
 def mae_generic_flags(wildcards, input):
@@ -390,7 +417,7 @@ def mae_flags(wildcards, input, phase):
     m = PT["mae"]
     flags = [
         f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}",
-        f"--p-dec {m['p_dec'][wildcards.mae]}",
+        f"--p-dec {m['p_dec'][mae_variant_of(wildcards)]}",
         train_flags(
             m,
             [
@@ -412,6 +439,8 @@ def mae_flags(wildcards, input, phase):
     ]
     for path in _files(input.pmi):
         flags.append(f"--pmi {shlex.quote(path)}")
+    for path in _files(input.get("queries", [])):
+        flags.append(f"--queries {shlex.quote(path)}")
     if phase == "generic":
         corpus = PT["generic_corpus"]
         flags.append(f"--corpus {corpus['source']}")
@@ -435,10 +464,15 @@ def pretrained_models(collection, method):
     """Every pre-training model folder of a method (stage one and two), for the loss curves."""
     if method == "condenser":
         return [f"{RESULTS}/pretrain/condenser/generic/model"]
-    if method == "cocondenser":
+    if method in ("cocondenser", "qac-cocondenser"):
         return [
             f"{RESULTS}/pretrain/condenser/generic/model",
-            f"{RESULTS}/{collection}/cocondenser/pretrain/model",
+            f"{RESULTS}/{collection}/{method}/pretrain/model",
+        ]
+    if method == "qac-cotmae":
+        return [
+            f"{RESULTS}/pretrain/cotmae/generic/model",
+            f"{RESULTS}/{collection}/{method}/pretrain/model",
         ]
     if method == "contriever":
         return [f"{RESULTS}/{collection}/contriever/pretrain/model"]
@@ -497,3 +531,65 @@ def pretrain_contriever_flags(wildcards):
         "max_steps",
     ]
     return f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']} {train_flags(PT['contriever'], keys)}"
+
+
+def mae_variant_of(wildcards):
+    """The MAE variant of a generic ({mae}) or corpus ({mae_method}) pre-training job."""
+    if "mae" in wildcards.keys():
+        return wildcards.mae
+    return mae_variant(wildcards)
+
+
+# ---- doc2query ------------------------------------------------------------------------------
+
+
+def doc2query_model_input(wildcards):
+    """The trained generator folder, unless config names a ready seq2seq model."""
+    if PT["doc2query"]["model"]:
+        return []
+    return [f"{RESULTS}/{wildcards.collection}/doc2query/model"]
+
+
+def doc2query_model(wildcards):
+    return (
+        PT["doc2query"]["model"] or f"{RESULTS}/{wildcards.collection}/doc2query/model"
+    )
+
+
+def train_doc2query_flags(wildcards):
+    d = PT["doc2query"]
+    keys = [
+        "max_passage_length",
+        "max_query_length",
+        "validation_fraction",
+        "batch_size",
+        "learning_rate",
+        "weight_decay",
+        "warmup_ratio",
+        "epochs",
+        "max_steps",
+    ]
+    flags = f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']} {train_flags(d['train'], keys)}"
+    return flags + f" --eval-splits {' '.join(eval_splits_of(wildcards))}"
+
+
+def eval_splits_of(wildcards):
+    """Query splits the generator must never train on: every split but the training one."""
+    spec = collection_spec(wildcards)
+    return sorted({spec["eval_split"], "dev", "test"} - {spec["train_split"]})
+
+
+def doc2query_flags(wildcards):
+    d = PT["doc2query"]
+    keys = [
+        "n_queries",
+        "top_p",
+        "top_k",
+        "max_new_tokens",
+        "batch_size",
+        "max_passages",
+    ]
+    flags = f"--seed {FT['seed']} {train_flags(d, keys)}"
+    if d["input_prefix"]:
+        flags += f" --input-prefix {shlex.quote(d['input_prefix'])}"
+    return flags

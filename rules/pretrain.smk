@@ -34,12 +34,13 @@ rule pretrain_corpus:
         code=stage_code("pretrain_corpus"),
         init=rules.pretrain_generic.output.model,
         passages=rules.split_passages.output.passages,
+        queries=qac_queries_input,
     output:
-        model=directory(f"{RESULTS}/{{collection}}/cocondenser/pretrain/model"),
+        model=directory(f"{RESULTS}/{{collection}}/{{cocondenser}}/pretrain/model"),
     log:
-        f"{LOGS}/{{collection}}/cocondenser/pretrain_corpus.log",
+        f"{LOGS}/{{collection}}/{{cocondenser}}/pretrain_corpus.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/cocondenser/pretrain_corpus.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{cocondenser}}/pretrain_corpus.tsv"
     conda:
         "../envs/training.yaml"
     threads: 2
@@ -49,7 +50,7 @@ rule pretrain_corpus:
     params:
         launch=training_launcher,
         flags=pretrain_corpus_flags,
-        checkpoints=f"{RESULTS}/{{collection}}/cocondenser/pretrain/checkpoints",
+        checkpoints=f"{RESULTS}/{{collection}}/{{cocondenser}}/pretrain/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.pretrain_corpus --init {input.init} --passages {input.passages}"
         " --out {output.model} --checkpoint-dir {params.checkpoints} {params.flags}"
@@ -165,15 +166,16 @@ rule pretrain_mae_generic:
 rule pretrain_mae_corpus:
     input:
         code=stage_code("pretrain_mae"),
-        init=rules.pretrain_mae_generic.output.model,
+        init=mae_generic_model,
         passages=rules.split_passages.output.passages,
         pmi=mae_corpus_pmi,
+        queries=qac_queries_input,
     output:
-        model=directory(f"{RESULTS}/{{collection}}/{{mae}}/pretrain/model"),
+        model=directory(f"{RESULTS}/{{collection}}/{{mae_method}}/pretrain/model"),
     log:
-        f"{LOGS}/{{collection}}/{{mae}}/pretrain_corpus.log",
+        f"{LOGS}/{{collection}}/{{mae_method}}/pretrain_corpus.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{mae}}/pretrain_corpus.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{mae_method}}/pretrain_corpus.tsv"
     conda:
         "../envs/training.yaml"
     threads: 2
@@ -182,9 +184,10 @@ rule pretrain_mae_corpus:
         runtime=720,
     params:
         launch=training_launcher,
+        variant=mae_variant,
         flags=mae_corpus_flags,
-        checkpoints=f"{RESULTS}/{{collection}}/{{mae}}/pretrain/checkpoints",
+        checkpoints=f"{RESULTS}/{{collection}}/{{mae_method}}/pretrain/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_mae --variant {wildcards.mae} --init {input.init}"
+        "{params.launch} -m dprflow.stages.pretrain_mae --variant {params.variant} --init {input.init}"
         " --corpus passages --corpus-path {input.passages} --out {output.model}"
         " --checkpoint-dir {params.checkpoints} {params.flags} --threads {threads} > {log} 2>&1"

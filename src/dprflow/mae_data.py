@@ -155,37 +155,63 @@ def mae_batch(
     ``items`` are chunks (``bmae``, ``cdmae``; ``cdmae`` needs their importance) or documents
     (``cotmae``).
     """
-    fallbacks = 0
     if variant == "cotmae":
-        enc_rows, dec_rows = [], []
+        enc_rows, dec_rows, fallbacks = [], [], 0
         for it in items:
             (a0, a1), (c0, c1), fell = sample_anchor_context(rng, len(it.ids), span_min, span_max, context)
             enc_rows.append(it.ids[a0:a1])
             dec_rows.append(it.ids[c0:c1])
             fallbacks += fell
-    elif variant in ("bmae", "cdmae"):
-        enc_rows = dec_rows = [it.ids for it in items]
-    else:
+        batch = pair_mae_batch(enc_rows, dec_rows, tokenizer, rng, p_enc=p_enc, p_dec=p_dec)
+        batch["fallbacks"] = torch.tensor(float(fallbacks))
+        return batch
+    if variant not in ("bmae", "cdmae"):
         raise ValueError(f"unknown MAE variant {variant!r}; allowed: {', '.join(VARIANTS)}")
+    # One chunk on both sides, masked twice: at random for the encoder; at random (bmae) or by
+    # importance (cdmae) for the decoder.
     g = generator_from(rng)
     vocab, mask_id = len(tokenizer), tokenizer.mask_token_id
-    enc_ids, enc_attention, enc_special = pad_rows(enc_rows, tokenizer)
-    enc_input, enc_labels = random_mask(enc_ids, enc_special, p_enc, mask_id, vocab, g)
-    if variant == "cotmae":
-        dec_ids, dec_attention, dec_special = pad_rows(dec_rows, tokenizer)
-    else:
-        dec_ids, dec_attention, dec_special = enc_ids, enc_attention, enc_special
+    ids, attention, special = pad_rows([it.ids for it in items], tokenizer)
+    enc_input, enc_labels = random_mask(ids, special, p_enc, mask_id, vocab, g)
     if variant == "cdmae":
         if any(it.importance is None for it in items):
             raise ValueError("cdmae masking needs token importance (n-gram statistics)")
         importance = pmi.pad_importance(
-            [np.concatenate([[-np.inf], it.importance, [-np.inf]]) for it in items], dec_ids.shape[1]
+            [np.concatenate([[-np.inf], it.importance, [-np.inf]]) for it in items], ids.shape[1]
         )
         dec_input, dec_labels = importance_mask(
-            dec_ids, torch.from_numpy(importance), dec_special, p_dec, mask_id, vocab, g, sigma
+            ids, torch.from_numpy(importance), special, p_dec, mask_id, vocab, g, sigma
         )
     else:
-        dec_input, dec_labels = random_mask(dec_ids, dec_special, p_dec, mask_id, vocab, g)
+        dec_input, dec_labels = random_mask(ids, special, p_dec, mask_id, vocab, g)
+    return dict(
+        enc_input_ids=enc_input,
+        enc_attention_mask=attention,
+        enc_labels=enc_labels,
+        dec_input_ids=dec_input,
+        dec_attention_mask=attention,
+        dec_labels=dec_labels,
+        fallbacks=torch.tensor(0.0),
+    )
+
+
+def pair_mae_batch(
+    enc_rows: Sequence[np.ndarray],
+    dec_rows: Sequence[np.ndarray],
+    tokenizer,
+    rng: np.random.Generator,
+    *,
+    p_enc: float,
+    p_dec: float,
+) -> dict[str, torch.Tensor]:
+    """Encoder and decoder inputs from given rows, both masked at random (CoT-MAE with explicit
+    contexts; query-as-context: the passage to the encoder, its generated query to the decoder)."""
+    g = generator_from(rng)
+    vocab, mask_id = len(tokenizer), tokenizer.mask_token_id
+    enc_ids, enc_attention, enc_special = pad_rows(enc_rows, tokenizer)
+    enc_input, enc_labels = random_mask(enc_ids, enc_special, p_enc, mask_id, vocab, g)
+    dec_ids, dec_attention, dec_special = pad_rows(dec_rows, tokenizer)
+    dec_input, dec_labels = random_mask(dec_ids, dec_special, p_dec, mask_id, vocab, g)
     return dict(
         enc_input_ids=enc_input,
         enc_attention_mask=enc_attention,
@@ -193,5 +219,5 @@ def mae_batch(
         dec_input_ids=dec_input,
         dec_attention_mask=dec_attention,
         dec_labels=dec_labels,
-        fallbacks=torch.tensor(float(fallbacks)),
+        fallbacks=torch.tensor(0.0),
     )

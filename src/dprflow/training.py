@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import hashlib
+import inspect
 import json
 import logging
 import math
@@ -160,7 +161,7 @@ class Trainer:
     """Runs ``step_fn`` over batches with AdamW, a linear schedule, checkpoints and a loss log.
 
     ``make_batch(rng, items) -> batch`` turns the training items of one (local) batch into model
-    inputs; ``step_fn(model, batch) -> dict`` returns at least ``loss`` (a tensor to back-propagate)
+    inputs (``make_batch(rng, items, epoch)`` when it takes a third argument, the 0-based epoch); ``step_fn(model, batch) -> dict`` returns at least ``loss`` (a tensor to back-propagate)
     and any other scalars to log. ``save_fn(model, out_dir)`` writes a model folder.
 
     With ``manual_backward`` the step runs its own backward passes (a gradient cache does several):
@@ -185,6 +186,9 @@ class Trainer:
         self.args = args
         self.items = list(items)
         self.make_batch = make_batch
+        # make_batch(rng, items, epoch) when it asks for the epoch (a sampler that must draw a
+        # different candidate for an item in each epoch), else make_batch(rng, items).
+        self.batch_takes_epoch = len(inspect.signature(make_batch).parameters) >= 3
         self.step_fn = step_fn
         self.save_fn = save_fn
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -285,7 +289,11 @@ class Trainer:
             rng = batch_rng(self.args.seed, step)
             # Every rank draws the whole global batch's randomness in the same order, then keeps
             # its share, so the sampling does not depend on the number of processes.
-            batch = self.make_batch(rng, self.local_items(step))
+            items = self.local_items(step)
+            if self.batch_takes_epoch:
+                batch = self.make_batch(rng, items, step // (len(self.items) // self.args.batch_size))
+            else:
+                batch = self.make_batch(rng, items)
             with self.autocast:
                 if self.manual_backward:
                     out = self.step_fn(self.ddp_model, batch, self._backward)

@@ -5,7 +5,9 @@ the target corpus and two random spans of each; the loss is the contrastive loss
 the 2n late-CLS vectors (a span's positive is its sibling, every other span a negative, itself
 excluded) plus the Condenser MLM loss (eq. 7). With ``chunk_size`` below 2n the step runs with a
 gradient cache (eq. 8-12): the same gradients as the full batch, the memory of one chunk.
-``--contrastive-only`` drops the MLM terms (coCondenser Table 4's ablation).
+``--contrastive-only`` drops the MLM terms (coCondenser Table 4's ablation). With ``--queries``
+(query-as-context §3.2, method ``qac-cocondenser``) the pair of a passage is the passage and one
+of its doc2query queries (a different candidate each epoch) instead of two spans.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dprflow import query_context
 from dprflow.cli import run_stage
 from dprflow.model_init import load_tokenizer
 from dprflow.modeling.condenser import (
@@ -24,7 +27,7 @@ from dprflow.modeling.condenser import (
     cocondenser_gradcache_step,
     cocondenser_loss,
 )
-from dprflow.pretrain_data import pair_batch, read_passages_documents
+from dprflow.pretrain_data import mlm_batch, pair_batch, read_passages_documents
 from dprflow.training import OptimArgs, set_seed, train_and_save
 
 log = logging.getLogger("dprflow.pretrain_corpus")
@@ -46,6 +49,14 @@ class Args(OptimArgs):
     temperature: float = field(default=1.0, metadata={"help": "contrastive temperature (eq. 6: 1)"})
     batch_size: int = field(default=8, metadata={"help": "documents per step (2 spans each)"})
     chunk_size: int = field(default=0, metadata={"help": "spans per gradient-cache chunk (0: no cache)"})
+    queries: str | None = field(
+        default=None,
+        metadata={
+            "help": "generated_queries.parquet: query-as-context pairs (passage, generated query) "
+            "instead of two spans of a document"
+        },
+    )
+    max_query_tokens: int = field(default=32, metadata={"help": "query-as-context: query length in tokens"})
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW peak learning rate"})
 
     def check(self) -> None:
@@ -57,13 +68,23 @@ def pretrain(args: Args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.init)
-    docs, counts = read_passages_documents(args.passages, tokenizer, args.span_min)
+    if args.queries:
+        # The passage is cut like a span (span_max tokens) so both pair kinds see similar lengths.
+        docs, counts = query_context.read_items(
+            args.passages, args.queries, tokenizer, args.span_max, args.max_query_tokens
+        )
+    else:
+        docs, counts = read_passages_documents(args.passages, tokenizer, args.span_min)
     set_seed(args.seed)
     weight = 0.0 if args.contrastive_only else 1.0
     config = CondenserConfig(head_weight=weight, backbone_weight=weight, temperature=args.temperature)
     model = Condenser.from_pretrained(args.init, config)
 
-    def make_batch(rng, batch_docs):
+    def make_batch(rng, batch_docs, epoch):
+        if args.queries:  # rows 2i and 2i + 1: a passage and its query of this epoch
+            passages, queries = query_context.pairs(batch_docs, epoch, args.seed)
+            rows = [row for pair in zip(passages, queries, strict=True) for row in pair]
+            return mlm_batch(rows, tokenizer, rng, args.mlm_probability, args.whole_word)
         return pair_batch(
             batch_docs, tokenizer, rng, args.span_min, args.span_max, args.mlm_probability, args.whole_word
         )

@@ -8,6 +8,9 @@ initial checkpoint. The loss is L = L_enc + L_dec (eq. 9; CoT-MAE: L_mlm + L_ctx
 come from :mod:`dprflow.mae_data`, and the saved folder's encoder loads with
 ``AutoModel.from_pretrained`` (the decoder is kept in ``mae_decoder/`` for the next stage).
 
+With ``--queries`` (query-as-context §3.2, method ``qac-cotmae``) the decoder reconstructs one
+of the passage's doc2query queries (a different candidate each epoch) instead of a context span.
+
 ``cdmae`` needs the corpus's n-gram statistics (stage ``pmi``), which give each token its
 importance for the decoder's masking.
 """
@@ -20,8 +23,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dprflow import query_context
 from dprflow.cli import StageError, run_stage
-from dprflow.mae_data import CONTEXTS, VARIANTS, chunk_texts, mae_batch, tokenize_with_importance
+from dprflow.mae_data import (
+    CONTEXTS,
+    VARIANTS,
+    chunk_texts,
+    mae_batch,
+    pair_mae_batch,
+    tokenize_with_importance,
+)
 from dprflow.model_init import load_tokenizer
 from dprflow.modeling.mae import BottleneckedMAE, MAEConfig
 from dprflow.pmi import NgramCounts
@@ -54,6 +65,14 @@ class Args(OptimArgs):
     span_min: int = field(default=16, metadata={"help": "cotmae: shortest span in tokens"})
     span_max: int = field(default=64, metadata={"help": "cotmae: longest span in tokens"})
     context: str = field(default="near", metadata={"help": "cotmae context span", "choices": list(CONTEXTS)})
+    queries: str | None = field(
+        default=None,
+        metadata={
+            "help": "cotmae on passages: generated_queries.parquet, the decoder reconstructs a "
+            "generated query of the passage (query-as-context) instead of a context span"
+        },
+    )
+    max_query_tokens: int = field(default=32, metadata={"help": "query-as-context: query length in tokens"})
     batch_size: int = field(default=16, metadata={"help": "sequences (cotmae: documents) per step"})
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW peak learning rate"})
 
@@ -64,6 +83,8 @@ class Args(OptimArgs):
             raise ValueError("need 1 <= --span-min <= --span-max")
         if self.max_length < 10:
             raise ValueError("--max-length must be at least 10")
+        if self.queries and (self.variant != "cotmae" or self.corpus != "passages"):
+            raise ValueError("--queries (query-as-context) needs --variant cotmae and --corpus passages")
 
 
 def corpus_texts(args: Args) -> list[str]:
@@ -79,6 +100,13 @@ def corpus_texts(args: Args) -> list[str]:
 
 
 def training_items(args: Args, tokenizer) -> tuple[list, dict[str, int]]:
+    if args.queries:
+        items, counts = query_context.read_items(
+            args.corpus_path, args.queries, tokenizer, args.max_length - 2, args.max_query_tokens
+        )
+        if len(items) < args.batch_size:
+            raise StageError(f"{args.queries}: {len(items)} passages with queries, fewer than one batch")
+        return items, counts
     stats = None
     if args.variant == "cdmae":
         stats = NgramCounts.from_frame(read_table(args.pmi, "ngram_counts"), where=args.pmi)
@@ -112,7 +140,10 @@ def pretrain(args: Args) -> None:
     )
     model = BottleneckedMAE.from_pretrained(args.init, config)
 
-    def make_batch(rng, batch_items):
+    def make_batch(rng, batch_items, epoch):
+        if args.queries:  # query-as-context: the passage to the encoder, a query to the decoder
+            passages, queries = query_context.pairs(batch_items, epoch, args.seed)
+            return pair_mae_batch(passages, queries, tokenizer, rng, p_enc=args.p_enc, p_dec=args.p_dec)
         return mae_batch(
             args.variant,
             batch_items,

@@ -1,0 +1,58 @@
+# doc2query for query-as-context pre-training: a query generator trained on the collection's
+# training (query, passage) pairs (or a given seq2seq model), then C sampled queries per passage.
+
+
+rule train_doc2query:
+    input:
+        code=stage_code("train_doc2query"),
+        queries=rules.ingest.output.queries,
+        qrels=rules.ingest.output.qrels,
+        passages=rules.split_passages.output.passages,
+    output:
+        model=directory(f"{RESULTS}/{{collection}}/doc2query/model"),
+    log:
+        f"{LOGS}/{{collection}}/train_doc2query.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/train_doc2query.tsv"
+    conda:
+        "../envs/training.yaml"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=720,
+    params:
+        launch=training_launcher,
+        init=config["model"]["init"],
+        split=train_split,
+        flags=train_doc2query_flags,
+        checkpoints=f"{RESULTS}/{{collection}}/doc2query/checkpoints",
+    shell:
+        "{params.launch} -m dprflow.stages.train_doc2query --init {params.init}"
+        " --queries {input.queries} --qrels {input.qrels} --passages {input.passages}"
+        " --split {params.split} --out {output.model} --checkpoint-dir {params.checkpoints}"
+        " {params.flags} --threads {threads} > {log} 2>&1"
+
+
+rule doc2query:
+    input:
+        code=stage_code("doc2query"),
+        model=doc2query_model_input,
+        passages=rules.split_passages.output.passages,
+    output:
+        queries=f"{RESULTS}/{{collection}}/doc2query/generated_queries.parquet",
+    log:
+        f"{LOGS}/{{collection}}/doc2query.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/doc2query.tsv"
+    conda:
+        "../envs/training.yaml"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=720,
+    params:
+        model=doc2query_model,
+        flags=doc2query_flags,
+    shell:
+        "python -m dprflow.stages.doc2query --model {params.model} --passages {input.passages}"
+        " --out {output.queries} {params.flags} --threads {threads} > {log} 2>&1"
