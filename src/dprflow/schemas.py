@@ -60,6 +60,8 @@ SCHEMAS: dict[str, pa.Schema] = {
     "token_importance": pa.schema([("passage_id", STR), ("importance", pa.list_(F32))]),
     # evaluate: per-query values of every metric (ir_measures names), the aggregate is their mean.
     "metrics": pa.schema([("query_id", STR), ("metric", STR), ("value", pa.float64())]),
+    # doc2query: C sampled queries per passage (query_index 0..C-1), query-as-context pre-training.
+    "generated_queries": pa.schema([("passage_id", STR), ("query_index", I32), ("text", STR)]),
 }
 
 
