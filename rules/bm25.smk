@@ -15,8 +15,8 @@ rule bm25_index:
         "../envs/bm25.yaml"
     threads: 2
     resources:
-        mem_mb=6000,
-        runtime=60,
+        mem_mb=bm25_mem_mb,
+        runtime=bm25_runtime,
     shell:
         "python -m dprflow.stages.bm25_index --passages {input.passages} --index {output.index}"
         " --threads {threads} > {log} 2>&1"
@@ -38,8 +38,8 @@ rule bm25_search:
         "../envs/bm25.yaml"
     threads: 2
     resources:
-        mem_mb=6000,
-        runtime=60,
+        mem_mb=bm25_mem_mb,
+        runtime=bm25_runtime,
     params:
         split=eval_split,
         k=config["bm25"]["hits"],
@@ -68,8 +68,8 @@ rule bm25_negatives:
         "../envs/bm25.yaml"
     threads: 2
     resources:
-        mem_mb=6000,
-        runtime=60,
+        mem_mb=bm25_mem_mb,
+        runtime=bm25_runtime,
     params:
         split=train_split,
         depth=config["bm25"]["negatives_depth"],

@@ -593,3 +593,104 @@ def doc2query_flags(wildcards):
     if d["input_prefix"]:
         flags += f" --input-prefix {shlex.quote(d['input_prefix'])}"
     return flags
+
+
+# ---- cluster requests from config sizes --------------------------------------------------------
+# Memory (MB) and runtime (minutes) of the jobs whose needs grow with the corpus or the batch, so
+# that a paper-scale config asks a cluster for enough and the default run for little. The rates
+# are deliberately slow estimates (a busy GPU node); override any rule in a profile's
+# set-resources.
+EMBED_BYTES = 768 * 4  # one float32 vector of a BERT-base encoder
+ENCODE_PER_S = 500  # passages encoded per second
+TRAIN_SEQ_MB = 20  # host memory per sequence of a training step
+STEP_S = 2.0  # seconds per training step
+
+
+def passages_estimate(collection):
+    spec = config["collections"][collection]
+    size = spec.get("size", {}).get("passages")
+    if size:
+        return size
+    if spec.get("max_documents"):
+        return 3 * spec["max_documents"]
+    return 1_000_000
+
+
+def train_queries_estimate(collection):
+    spec = config["collections"][collection]
+    return spec.get("size", {}).get("train_queries") or max(
+        1, passages_estimate(collection) // 10
+    )
+
+
+def encode_mem_mb(wildcards):
+    per_shard = passages_estimate(wildcards.collection) // FT["encode_shards"] + 1
+    return int(3000 + 3 * per_shard * EMBED_BYTES / 2**20)
+
+
+def encode_runtime(wildcards):
+    per_shard = passages_estimate(wildcards.collection) // FT["encode_shards"] + 1
+    return int(15 + per_shard / ENCODE_PER_S / 60)
+
+
+def search_mem_mb(wildcards):
+    """The whole flat index is held at once (queries are searched in batches)."""
+    return int(
+        3000 + 1.5 * passages_estimate(wildcards.collection) * EMBED_BYTES / 2**20
+    )
+
+
+def search_runtime(wildcards):
+    return int(15 + passages_estimate(wildcards.collection) / 200_000)
+
+
+def bm25_mem_mb(wildcards):
+    return int(4000 + passages_estimate(wildcards.collection) / 1000)
+
+
+def bm25_runtime(wildcards):
+    return int(15 + passages_estimate(wildcards.collection) / 60_000)
+
+
+def _train_steps(section, collection):
+    if section["max_steps"]:
+        return section["max_steps"]
+    per_epoch = train_queries_estimate(collection) // section["batch_size"] + 1
+    return section["epochs"] * per_epoch
+
+
+def _train_resources(section, collection):
+    sequences = section["batch_size"] * section.get("group_size", 1)
+    mem = int(4000 + TRAIN_SEQ_MB * sequences)
+    runtime = int(
+        30 + _train_steps(section, collection) * STEP_S * max(1, sequences / 64) / 60
+    )
+    return mem, runtime
+
+
+def retriever_section(wildcards):
+    return FT["distill"] if wildcards.trained == "distill" else FT["retriever"]
+
+
+def train_retriever_mem_mb(wildcards):
+    return _train_resources(retriever_section(wildcards), wildcards.collection)[0]
+
+
+def train_retriever_runtime(wildcards):
+    return _train_resources(retriever_section(wildcards), wildcards.collection)[1]
+
+
+def train_reranker_mem_mb(wildcards):
+    return _train_resources(FT["reranker"], wildcards.collection)[0]
+
+
+def train_reranker_runtime(wildcards):
+    return _train_resources(FT["reranker"], wildcards.collection)[1]
+
+
+def rerank_runtime(wildcards):
+    """K3 pairs per query; the evaluation queries are at most a tenth of the training ones here."""
+    pairs = FT["reranker"]["depth"] * max(
+        1000, train_queries_estimate(wildcards.collection) // 10
+    )
+    return int(15 + pairs / ENCODE_PER_S / 60)

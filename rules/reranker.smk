@@ -19,8 +19,8 @@ rule train_reranker:
         "../envs/training.yaml"
     threads: 2
     resources:
-        mem_mb=8000,
-        runtime=240,
+        mem_mb=train_reranker_mem_mb,
+        runtime=train_reranker_runtime,
     params:
         launch=training_launcher,
         init=reranker_init(),
@@ -53,7 +53,7 @@ rule rerank:
     threads: 2
     resources:
         mem_mb=8000,
-        runtime=120,
+        runtime=rerank_runtime,
     params:
         depth=FT["reranker"]["depth"],
         max_length=FT["reranker"]["max_length"],

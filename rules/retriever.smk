@@ -19,8 +19,8 @@ rule train_retriever:
         "../envs/training.yaml"
     threads: 2
     resources:
-        mem_mb=8000,
-        runtime=240,
+        mem_mb=train_retriever_mem_mb,
+        runtime=train_retriever_runtime,
     params:
         launch=training_launcher,
         init=method_init,
@@ -49,8 +49,8 @@ rule encode_corpus:
         "../envs/training.yaml"
     threads: 2
     resources:
-        mem_mb=8000,
-        runtime=120,
+        mem_mb=encode_mem_mb,
+        runtime=encode_runtime,
     params:
         encoder=encoder_flags,
         num_shards=FT["encode_shards"],
@@ -81,8 +81,8 @@ rule search_dense:
         "../envs/training.yaml"
     threads: 2
     resources:
-        mem_mb=8000,
-        runtime=60,
+        mem_mb=search_mem_mb,
+        runtime=search_runtime,
     params:
         encoder=encoder_flags,
         eval_split=eval_split,

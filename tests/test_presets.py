@@ -64,3 +64,22 @@ def test_preset_dry_run_lists_the_whole_dag(preset, tmp_path):
     # Nothing was downloaded or written: no MS MARCO, no results.
     assert not irds_home.exists() or not any(irds_home.iterdir())
     assert not (tmp_path / "results").exists()
+    # Cluster requests follow the config's sizes: a paper-scale encoding shard and flat index ask
+    # for far more than the default run's (3,000-3,500 MB).
+    requests = job_resources(result.stdout)
+    assert requests["encode_corpus"]["mem_mb"] > 5_000 and requests["search_dense"]["mem_mb"] > 30_000
+    assert requests["train_retriever"]["runtime"] > 60
+
+
+def job_resources(dry_run: str) -> dict[str, dict[str, int]]:
+    """The largest mem_mb and runtime a dry run lists per rule."""
+    out: dict[str, dict[str, int]] = {}
+    for block in dry_run.split("\nrule ")[1:]:
+        rule = block.split(":", 1)[0].strip()
+        line = next((x for x in block.splitlines() if x.strip().startswith("resources:")), "")
+        for key in ("mem_mb", "runtime"):
+            m = re.search(rf"\b{key}=(\d+)", line)
+            if m:
+                out.setdefault(rule, {}).setdefault(key, 0)
+                out[rule][key] = max(out[rule][key], int(m.group(1)))
+    return out

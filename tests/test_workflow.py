@@ -3,6 +3,7 @@ changing a BM25 parameter reruns exactly what depends on it, and a bad config ke
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -119,3 +120,61 @@ def test_unknown_config_key_stops_the_dag_and_names_it(tmp_path):
     result = snakemake(tmp_path, path, "-n")
     assert result.returncode != 0
     assert "unknown config key(s) ['lr'] at finetune.retriever; allowed:" in result.stderr + result.stdout
+
+
+def test_report_pieces_render_and_the_snakemake_report_builds(finished_run):
+    import numpy as np
+    from matplotlib.image import imread
+
+    workdir, config = finished_run
+    report_dir = workdir / "results" / "report"
+    for figure in ("training_loss.png", "nb_recall.png", "main_metric.png"):
+        image = imread(report_dir / figure)
+        assert image.shape[0] > 100 and float(np.std(image[..., :3])) > 0.01, figure  # not blank
+    page = (report_dir / "comparison.html").read_text()
+    assert "<th>system</th>" in page and "<td>cocondenser/r2</td>" in page
+    assert "<h3>tiny cocondenser/r2</h3>" in page and "train_retriever" in page
+    result = snakemake(workdir, config, "--report", str(workdir / "report.html"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    html = (workdir / "report.html").read_text(errors="replace")
+    assert len(html) > 10_000 and "main_metric.png" in html and "comparison.html" in html
+
+
+def test_every_stage_output_has_a_provenance_record(finished_run):
+    workdir, _ = finished_run
+    tiny = workdir / "results" / "tiny"
+    record = json.loads((tiny / "cocondenser" / "r2" / "metrics.parquet.provenance.json").read_text())
+    assert record["stage"] == "evaluate" and record["code"]["commit"]
+    assert str(Path("results/tiny/cocondenser/r2/run.parquet")) in record["inputs"]
+    assert (tiny / "cocondenser" / "r1" / "model" / "provenance.json").is_file()
+    assert (tiny / "passages.parquet.provenance.json").is_file()
+
+
+def provenance_records(results: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(results)): p.read_text()
+        for p in results.rglob("*")
+        if p.name.endswith(".provenance.json") or p.name == "provenance.json"
+    }
+
+
+def test_changing_one_value_changes_the_provenance_of_exactly_what_is_downstream(finished_run, tmp_path):
+    """The reranker's learning rate: the reranker, its run and scores, the distilled retriever and
+    their evaluations get new records; everything upstream (BM25, pre-training, r1, r2) keeps its."""
+    workdir, config = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy, symlinks=True)
+    before = provenance_records(copy / "results")
+    changed = yaml.safe_load(config.read_text())
+    changed["finetune"]["reranker"]["learning_rate"] = 3e-5
+    changed_path = tmp_path / "changed.yaml"
+    changed_path.write_text(yaml.safe_dump(changed))
+    result = snakemake(copy, changed_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    after = provenance_records(copy / "results")
+    assert set(before) == set(after)
+    moved = {k for k in before if before[k] != after[k]}
+    downstream = ("tiny/cocondenser/rerank/", "tiny/cocondenser/distill/", "compare.", "report/")
+    assert moved == {k for k in before if k.startswith(downstream)}
+    assert any(k.startswith("tiny/cocondenser/rerank/model") for k in moved)
+    assert any(k.startswith("tiny/cocondenser/distill/model") for k in moved)
