@@ -74,6 +74,9 @@ def ingest_flags(wildcards):
     flags = [f"--source {spec['source']}"]
     if spec["source"] == "embedded" and spec.get("max_documents") is not None:
         flags.append(f"--max-documents {spec['max_documents']}")
+    if spec["source"] == "embedded":
+        share = spec["split_percent"]
+        flags.append(f"--split-percent {share['train']} {share['dev']} {share['test']}")
     if spec["source"] == "beir":
         flags.append(f"--path {shlex.quote(spec['path'])}")
     if spec["source"] == "ir_datasets":

@@ -311,6 +311,14 @@ def test_splits_follow_the_query_id_hash(fake_stdlib: Path) -> None:
     shares = {s: sum(split_for(q) == s for q in ids) / len(ids) for s in ("train", "dev", "test")}
     assert abs(shares["train"] - 0.8) < 0.03 and abs(shares["dev"] - 0.1) < 0.02
     assert query_id_for("json.dumps") == "qd8214d520ff6"
+    # Other shares move queries between splits by the same hash: a test query stays test when
+    # the test share grows.
+    wide = build_embedded(stdlib_dir=fake_stdlib, split_percent=(50, 10, 40))
+    for _, row in wide.queries.iterrows():
+        bucket = int(hashlib.sha1(row.query_id.encode()).hexdigest(), 16) % 100
+        assert row.split == ("train" if bucket < 50 else "dev" if bucket < 60 else "test")
+    with pytest.raises(ValueError, match="summing to 100"):
+        build_embedded(stdlib_dir=fake_stdlib, split_percent=(50, 10, 10))
 
 
 def test_deterministic_down_to_the_bytes(fake_stdlib: Path, tmp_path: Path) -> None:

@@ -163,10 +163,18 @@ def query_id_for(doc_id: str) -> str:
     return "q" + sha1_hex(doc_id)[:12]
 
 
-def split_for(query_id: str) -> str:
-    """The split of a query, fixed by its id: 80 % train, 10 % dev, 10 % test."""
+def split_bounds(percent: tuple[int, int, int]) -> tuple[tuple[str, int], ...]:
+    """Cumulative bounds of (train, dev, test) percentages, e.g. (80, 10, 10) -> SPLIT_BOUNDS."""
+    if len(percent) != 3 or min(percent) < 0 or sum(percent) != 100:
+        raise ValueError(f"split percentages must be three numbers >= 0 summing to 100, got {list(percent)}")
+    train, dev, _ = percent
+    return (("train", train), ("dev", train + dev), ("test", 100))
+
+
+def split_for(query_id: str, bounds: tuple[tuple[str, int], ...] = SPLIT_BOUNDS) -> str:
+    """The split of a query, fixed by its id: by default 80 % train, 10 % dev, 10 % test."""
     bucket = int(sha1_hex(query_id), 16) % 100
-    return next(name for name, bound in SPLIT_BOUNDS if bucket < bound)
+    return next(name for name, bound in bounds if bucket < bound)
 
 
 class SplitDocstring(NamedTuple):
@@ -238,7 +246,9 @@ class _Document:
 
 
 def build_embedded(
-    max_documents: int | None = None, stdlib_dir: str | os.PathLike | None = None
+    max_documents: int | None = None,
+    stdlib_dir: str | os.PathLike | None = None,
+    split_percent: tuple[int, int, int] = (80, 10, 10),
 ) -> Collection:
     """Build the standard-library docstring collection (see the module docstring for the rules).
 
@@ -247,6 +257,7 @@ def build_embedded(
             ``sha1(doc_id)``; ``None`` keeps all.
         stdlib_dir: the directory to read; default :func:`default_stdlib_dir`. Any tree of
             ``.py`` files works (the tests use a small fake one).
+        split_percent: shares of the queries in train, dev and test (by ``sha1(query_id)``).
 
     Returns:
         A :class:`~dprflow.collections.Collection`; its ``counts`` hold the skips by reason and
@@ -255,6 +266,7 @@ def build_embedded(
     """
     if max_documents is not None and (isinstance(max_documents, bool) or max_documents < 1):
         raise ValueError(f"max_documents must be a positive integer or None, got {max_documents!r}")
+    bounds = split_bounds(tuple(split_percent))
     root = Path(stdlib_dir) if stdlib_dir is not None else default_stdlib_dir()
     if not root.is_dir():
         raise FileNotFoundError(
@@ -294,7 +306,7 @@ def build_embedded(
         if qid in seen:  # 48 bits: about 1 chance in 5 million at 10,000 documents
             raise RuntimeError(f"query id {qid} is shared by {seen[qid]!r} and {doc_id!r}; lengthen the id")
         seen[qid] = doc_id
-        query_rows.append((qid, documents[doc_id].summary, split_for(qid)))
+        query_rows.append((qid, documents[doc_id].summary, split_for(qid, bounds)))
         qrel_rows.append((qid, doc_id, 1))
     query_rows.sort()
     qrel_rows.sort()

@@ -28,6 +28,10 @@ class Args:
         default=None, metadata={"help": "ir_datasets: JSON object split -> dataset id"}
     )
     max_documents: int | None = field(default=None, metadata={"help": "embedded: keep a stable subset"})
+    split_percent: list[int] = field(
+        default_factory=lambda: [80, 10, 10],
+        metadata={"help": "embedded: percentages of queries in train, dev and test"},
+    )
 
     def check(self) -> None:
         if self.source == "beir" and not self.path:
@@ -55,7 +59,7 @@ def load(args: Args) -> tuple[Collection, str]:
         from dprflow.collections.embedded import build_embedded
 
         return build_embedded(
-            max_documents=args.max_documents
+            max_documents=args.max_documents, split_percent=tuple(args.split_percent)
         ), f"embedded (Python {sys.version.split()[0]} stdlib)"
     if args.source == "beir":
         from dprflow.collections.beir import load_beir
