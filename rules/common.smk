@@ -325,10 +325,21 @@ def reranker_init():
     return FT["reranker"]["init"] or config["model"]["init"]
 
 
+def reranker_pooling():
+    """The cross-encoder head's pooling: as configured, else the pooling model.init was trained
+    with when the reranker starts from it (mean for all-MiniLM-L6-v2), else BERT's [CLS] pooler.
+    """
+    r = FT["reranker"]
+    if r["pooling"]:
+        return r["pooling"]
+    return config["model"]["zeroshot_pooling"] if not r["init"] else "cls"
+
+
 def reranker_flags():
     r = FT["reranker"]
     return (
-        optim_flags(r)
+        f"--pooling {reranker_pooling()}"
+        + optim_flags(r)
         + f" --max-length {r['max_length']} --head-learning-rate {r['head_learning_rate']}"
         + f" --seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}"
     )

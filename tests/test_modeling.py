@@ -123,7 +123,8 @@ def test_cross_encoder_from_plain_encoder_logs_new_head_and_round_trips(tmp_path
     assert scores.shape == (2,)
     reranker.save_pretrained(tmp_path / "reranker", extra={"epochs": 1})
     assert json.loads((tmp_path / "reranker" / "dprflow_reranker.json").read_text()) == {
-        "extra": {"epochs": 1}
+        "extra": {"epochs": 1},
+        "pooling": "cls",
     }
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="dprflow.modeling.cross_encoder"):
@@ -139,3 +140,22 @@ def test_cross_encoder_rejects_multi_label_model():
     model = BertForSequenceClassification(BertConfig(**TINY, num_labels=2))
     with pytest.raises(ValueError, match="num_labels=1"):
         CrossEncoder(model)
+
+
+def test_mean_pooling_cross_encoder_scores_the_token_mean_and_round_trips(tmp_path):
+    tiny_bert().save_pretrained(tmp_path / "encoder")
+    reranker = CrossEncoder.from_pretrained(tmp_path / "encoder", pooling="mean").eval()
+    with torch.no_grad():
+        scores = reranker(**INPUTS)
+        hidden = reranker.model.base_model(**INPUTS).last_hidden_state
+        mask = INPUTS["attention_mask"].unsqueeze(-1).float()
+        expected = reranker.model.classifier((hidden * mask).sum(1) / mask.sum(1)).squeeze(-1)
+    torch.testing.assert_close(scores, expected)
+    assert not torch.allclose(scores, CrossEncoder(reranker.model, pooling="cls").eval()(**INPUTS))
+    reranker.save_pretrained(tmp_path / "reranker")
+    loaded = CrossEncoder.from_pretrained(tmp_path / "reranker").eval()  # the saved pooling
+    assert loaded.pooling == "mean"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**INPUTS), scores)
+    with pytest.raises(ValueError, match="trained with mean pooling"):
+        CrossEncoder.from_pretrained(tmp_path / "reranker", pooling="cls")

@@ -37,13 +37,20 @@ class Args(OptimArgs):
     max_length: int = field(default=176, metadata={"help": "query + passage tokens"})
     batch_size: int = field(default=8, metadata={"help": "queries per step"})
     learning_rate: float = field(default=2e-5, metadata={"help": "AdamW peak learning rate"})
+    pooling: str = field(
+        default="cls",
+        metadata={
+            "help": "head on the pooler over [CLS] (cls) or on the mean of the tokens (mean)",
+            "choices": ["cls", "mean"],
+        },
+    )
 
 
 def train(args: Args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.init)
-    model = CrossEncoder.from_pretrained(args.init)
+    model = CrossEncoder.from_pretrained(args.init, pooling=args.pooling)
     passages = read_table(args.passages, "passages")
     texts = passage_texts(passages, tokenizer.sep_token or "|")
     items, counts = build_training_queries(
