@@ -385,7 +385,7 @@ def pmi_shard_files(wildcards):
 
 def _mae_pmi(wildcards, corpus):
     """CDMAE's n-gram statistics of the corpus pre-trained on; the other MAEs need none."""
-    if wildcards.mae != "cdmae":
+    if mae_variant(wildcards) != "cdmae":
         return []
     return [f"{RESULTS}/{corpus}/pmi/ngram_counts.parquet"]
 
@@ -395,13 +395,14 @@ def mae_generic_pmi(wildcards):
 
 
 def mae_corpus_pmi(wildcards):
-    if wildcards.mae_method != "cdmae":
-        return []
-    return [f"{RESULTS}/{wildcards.collection}/pmi/ngram_counts.parquet"]
+    return _mae_pmi(wildcards, wildcards.collection)
 
 
 def mae_variant(wildcards):
-    """The MAE a corpus-phase method trains: qac-cotmae is CoT-MAE with query contexts."""
+    """The MAE a pre-training job trains: its generic ({mae}) or corpus ({mae_method}) wildcard;
+    qac-cotmae is CoT-MAE with query contexts."""
+    if "mae" in wildcards.keys():
+        return wildcards.mae
     return QAC_METHODS.get(wildcards.mae_method, wildcards.mae_method)
 
 
@@ -431,7 +432,7 @@ def mae_flags(wildcards, input, phase):
     m = PT["mae"]
     flags = [
         f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}",
-        f"--p-dec {m['p_dec'][mae_variant_of(wildcards)]}",
+        f"--p-dec {m['p_dec'][mae_variant(wildcards)]}",
         train_flags(
             m,
             [
@@ -545,13 +546,6 @@ def pretrain_contriever_flags(wildcards):
         "max_steps",
     ]
     return f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']} {train_flags(PT['contriever'], keys)}"
-
-
-def mae_variant_of(wildcards):
-    """The MAE variant of a generic ({mae}) or corpus ({mae_method}) pre-training job."""
-    if "mae" in wildcards.keys():
-        return wildcards.mae
-    return mae_variant(wildcards)
 
 
 # ---- doc2query ------------------------------------------------------------------------------

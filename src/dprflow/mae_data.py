@@ -184,15 +184,7 @@ def mae_batch(
         )
     else:
         dec_input, dec_labels = random_mask(ids, special, p_dec, mask_id, vocab, g)
-    return dict(
-        enc_input_ids=enc_input,
-        enc_attention_mask=attention,
-        enc_labels=enc_labels,
-        dec_input_ids=dec_input,
-        dec_attention_mask=attention,
-        dec_labels=dec_labels,
-        fallbacks=torch.tensor(0.0),
-    )
+    return _forward_inputs(enc_input, attention, enc_labels, dec_input, attention, dec_labels)
 
 
 def pair_mae_batch(
@@ -212,6 +204,11 @@ def pair_mae_batch(
     enc_input, enc_labels = random_mask(enc_ids, enc_special, p_enc, mask_id, vocab, g)
     dec_ids, dec_attention, dec_special = pad_rows(dec_rows, tokenizer)
     dec_input, dec_labels = random_mask(dec_ids, dec_special, p_dec, mask_id, vocab, g)
+    return _forward_inputs(enc_input, enc_attention, enc_labels, dec_input, dec_attention, dec_labels)
+
+
+def _forward_inputs(enc_input, enc_attention, enc_labels, dec_input, dec_attention, dec_labels):
+    """The keyword arguments of :meth:`BottleneckedMAE.forward`, ``fallbacks`` 0 (set by the caller)."""
     return dict(
         enc_input_ids=enc_input,
         enc_attention_mask=enc_attention,

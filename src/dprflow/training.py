@@ -267,10 +267,13 @@ class Trainer:
         return int(state["step"])
 
     # -- the loop ---------------------------------------------------------------------------
+    def epoch_and_index(self, step: int) -> tuple[int, int]:
+        """The epoch of global step ``step`` (0-based) and the step's place in it."""
+        return divmod(step, len(self.items) // self.args.batch_size)
+
     def local_items(self, step: int) -> list[Any]:
         """The items of this process's share of global step ``step`` (0-based)."""
-        per_epoch = len(self.items) // self.args.batch_size
-        epoch, index = divmod(step, per_epoch)
+        epoch, index = self.epoch_and_index(step)
         order = epoch_order(len(self.items), self.args.seed, epoch)
         start = index * self.args.batch_size + self.dist.rank * self.local_batch
         return [self.items[i] for i in order[start : start + self.local_batch]]
@@ -291,7 +294,7 @@ class Trainer:
             # its share, so the sampling does not depend on the number of processes.
             items = self.local_items(step)
             if self.batch_takes_epoch:
-                batch = self.make_batch(rng, items, step // (len(self.items) // self.args.batch_size))
+                batch = self.make_batch(rng, items, self.epoch_and_index(step)[0])
             else:
                 batch = self.make_batch(rng, items)
             with self.autocast:
