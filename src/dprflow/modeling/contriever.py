@@ -41,7 +41,7 @@ and advances it. The paper does not say how the queue starts; like MoCo's refere
 implementation it starts with random unit vectors (``F.normalize(randn)``, torch's global
 generator: seed it first), so every slot is a valid negative from the first step rather than
 masked out until filled. Contriever's keys are not normalised: a mean-pooled BERT vector has a
-norm of several units, so ``<q, k+>/tau`` dwarfs ``<q, placeholder>/tau`` and the placeholders
+norm of several units, so ``<q, k+>/tau`` dwarfs ``<q, u>/tau`` for an initial unit vector u, and those initial rows
 contribute almost nothing, much as an empty-but-masked queue would, until real keys displace them
 after ``queue_size / batch_size`` steps.
 
