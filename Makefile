@@ -11,7 +11,7 @@ SNAKEMAKE_ARGS ?=
 # Jobs run `python -m dprflow.stages.<rule>`: the venv's bin comes first on PATH, as if activated.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup run dry-run test lint format bench check report clean
+.PHONY: setup run dry-run test lint format bench check report render-check clean
 
 setup: $(VENV)/.installed
 
@@ -32,6 +32,12 @@ check: setup
 report: setup
 	$(BIN)/snakemake --profile profiles/local --cores 1 --configfile $(CONFIG) --report results/report.html
 
+# Opens the report in headless Chromium (installed from Debian when missing) and checks that the
+# table and every figure render; screenshots in results/render_check/ (after make run).
+render-check: report
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+	$(BIN)/python scripts/check_report_render.py --results results --report results/report.html
+
 dry-run: setup
 	$(BIN)/snakemake -n --cores $(CORES) --configfile $(CONFIG)
 
@@ -39,13 +45,13 @@ test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 lint: setup
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/snakemake --lint --cores 1
 	$(BIN)/snakefmt --check Snakefile rules
 
 format: setup
-	$(BIN)/ruff format src tests bench
-	$(BIN)/ruff check --fix src tests bench
+	$(BIN)/ruff format src tests bench scripts
+	$(BIN)/ruff check --fix src tests bench scripts
 	$(BIN)/snakefmt Snakefile rules
 
 bench: setup

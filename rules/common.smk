@@ -13,7 +13,8 @@ shell.prefix(f"export PYTHONPATH={shlex.quote(PYTHONPATH)}; ")
 RESULTS = "results"
 LOGS = f"{RESULTS}/logs"
 BENCHMARKS = f"{RESULTS}/benchmarks"
-STAGES = ["zeroshot", "r1", "r2", "rerank", "distill"]
+# The fine-tuned stages, each run once per seed.
+STAGES = ["r1", "r2", "rerank", "distill"]
 # Methods whose pre-trained encoder is a retriever as it is (Contriever's unsupervised setting):
 # they get a zeroshot row of their own beside none/zeroshot.
 ZEROSHOT_METHODS = ["contriever"]
@@ -24,7 +25,8 @@ METHOD_POOLING = {"contriever": "mean"}
 wildcard_constraints:
     collection="(?!pretrain$)[A-Za-z0-9_-]+",
     method="[A-Za-z0-9_-]+",
-    system=f"bm25|[A-Za-z0-9_-]+/({'|'.join(STAGES)})",
+    # bm25, <method>/zeroshot, or <method>/seed-<seed>/<stage> (a fine-tuned row of one seed)
+    system=f"bm25|[A-Za-z0-9_-]+/(zeroshot|seed-[0-9]+/({'|'.join(STAGES)}))",
 
 
 def compare_results_dir(wildcards, output):
@@ -102,21 +104,28 @@ def paper_references():
     return " ".join(shlex.quote(p) for p in pairs)
 
 
+def finetune_seeds():
+    """The fine-tuning seeds: the top-level seeds list, else finetune.seed alone."""
+    return config["seeds"] or [config["finetune"]["seed"]]
+
+
 def systems():
     """Every evaluated row of the comparison: BM25, the initial model off the shelf, and each
-    method's fine-tuning stages."""
+    method's fine-tuning stages once per seed (<method>/seed-<seed>/<stage>)."""
     rows = ["bm25", "none/zeroshot"]
     rows += [f"{m}/zeroshot" for m in config["methods"] if m in ZEROSHOT_METHODS]
     for method in config["methods"]:
-        rows += [f"{method}/{stage}" for stage in ("r1", "r2", "rerank", "distill")]
+        for seed in finetune_seeds():
+            rows += [f"{method}/seed-{seed}/{stage}" for stage in STAGES]
     return rows
 
 
 def nb_recall_files():
     return [
-        f"{RESULTS}/{c}/{m}/nb_recall.parquet"
+        f"{RESULTS}/{c}/{m}/seed-{s}/nb_recall.parquet"
         for c in config["collections"]
         for m in config["methods"]
+        for s in finetune_seeds()
     ]
 
 
@@ -131,12 +140,13 @@ def metrics_files():
 # ---- the fine-tuning pipeline ---------------------------------------------------------------
 
 FT = config["finetune"]
-RETRIEVERS = ["zeroshot", "r1", "r2", "distill"]
 
 
 wildcard_constraints:
-    retriever="|".join(RETRIEVERS),
+    # an encoder whose corpus is encoded and searched: zeroshot, or seed-<seed>/<trained>
+    retriever="zeroshot|seed-[0-9]+/(r1|r2|distill)",
     trained="r1|r2|distill",
+    seed="[0-9]+",
     shard="[0-9]+",
 
 
@@ -249,6 +259,11 @@ def encoder_inputs(wildcards):
     return f"{RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}/model"
 
 
+def run_tag(wildcards):
+    """The TREC run tag of a dense run: method, seed and stage, e.g. none-seed-13-r2."""
+    return f"{wildcards.method}-{wildcards.retriever.replace('/', '-')}"
+
+
 def encoder_flags(wildcards):
     if wildcards.retriever == "zeroshot":
         if wildcards.method == "none":
@@ -270,7 +285,7 @@ def train_depth():
 def retriever_inputs(wildcards):
     """The pre-trained encoder, negative pools (and teacher scores) of each trained retriever."""
     base = f"{RESULTS}/{wildcards.collection}"
-    method = f"{base}/{wildcards.method}"
+    method = f"{base}/{wildcards.method}/seed-{wildcards.seed}"
     out = {}
     if pretrained_encoder(wildcards):
         out["encoder"] = pretrained_encoder(wildcards)[0]
@@ -290,7 +305,7 @@ def retriever_flags(wildcards, input):
     """Hyper-parameters of one trained retriever (distillation has its own section)."""
     common = (
         f"--pooling {method_pooling(wildcards.method)} --shared {str(FT['shared_encoder']).lower()}"
-        f" --seed {FT['seed']}"
+        f" --seed {wildcards.seed}"
         f" --max-query-length {FT['max_query_length']} --max-passage-length {FT['max_passage_length']}"
         f" --checkpoint-every {FT['checkpoint_every']}"
     )
@@ -335,13 +350,13 @@ def reranker_pooling():
     return config["model"]["zeroshot_pooling"] if not r["init"] else "cls"
 
 
-def reranker_flags():
+def reranker_flags(wildcards):
     r = FT["reranker"]
     return (
         f"--pooling {reranker_pooling()}"
         + optim_flags(r)
         + f" --max-length {r['max_length']} --head-learning-rate {r['head_learning_rate']}"
-        + f" --seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}"
+        + f" --seed {wildcards.seed} --checkpoint-every {FT['checkpoint_every']}"
     )
 
 
@@ -506,8 +521,9 @@ def training_model_dirs():
         for m in config["methods"]:
             dirs += pretrained_models(c, m)
             dirs += [
-                f"{RESULTS}/{c}/{m}/{s}/model"
-                for s in ("r1", "r2", "rerank", "distill")
+                f"{RESULTS}/{c}/{m}/seed-{seed}/{s}/model"
+                for seed in finetune_seeds()
+                for s in STAGES
             ]
     return list(dict.fromkeys(dirs))
 

@@ -8,13 +8,15 @@ rule train_reranker:
         queries=rules.ingest.output.queries,
         qrels=rules.ingest.output.qrels,
         passages=rules.split_passages.output.passages,
-        negatives=f"{RESULTS}/{{collection}}/{{method}}/r2/negatives.parquet",
+        negatives=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/r2/negatives.parquet",
     output:
-        model=directory(f"{RESULTS}/{{collection}}/{{method}}/rerank/model"),
+        model=directory(
+            f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/model"
+        ),
     log:
-        f"{LOGS}/{{collection}}/{{method}}/train_reranker.log",
+        f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/train_reranker.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/train_reranker.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/seed-{{seed}}/train_reranker.tsv"
     conda:
         "../envs/training.yaml"
     threads: 2
@@ -25,8 +27,8 @@ rule train_reranker:
         launch=training_launcher,
         init=reranker_init(),
         split=train_split,
-        flags=reranker_flags(),
-        checkpoints=f"{RESULTS}/{{collection}}/{{method}}/rerank/checkpoints",
+        flags=reranker_flags,
+        checkpoints=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.train_reranker --init {params.init} --queries {input.queries}"
         " --qrels {input.qrels} --passages {input.passages} --negatives {input.negatives}"
@@ -38,16 +40,16 @@ rule rerank:
     input:
         code=stage_code("rerank"),
         model=rules.train_reranker.output.model,
-        run=f"{RESULTS}/{{collection}}/{{method}}/r2/run.parquet",
+        run=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/r2/run.parquet",
         queries=rules.ingest.output.queries,
         passages=rules.split_passages.output.passages,
     output:
-        run=f"{RESULTS}/{{collection}}/{{method}}/rerank/run.parquet",
-        trec=f"{RESULTS}/{{collection}}/{{method}}/rerank/run.trec",
+        run=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/run.parquet",
+        trec=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/run.trec",
     log:
-        f"{LOGS}/{{collection}}/{{method}}/rerank.log",
+        f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/rerank.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/rerank.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/seed-{{seed}}/rerank.tsv"
     conda:
         "../envs/training.yaml"
     threads: 2
@@ -68,16 +70,16 @@ rule score_candidates:
     input:
         code=stage_code("score_candidates"),
         model=rules.train_reranker.output.model,
-        negatives=f"{RESULTS}/{{collection}}/{{method}}/r2/negatives.parquet",
+        negatives=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/r2/negatives.parquet",
         queries=rules.ingest.output.queries,
         qrels=rules.ingest.output.qrels,
         passages=rules.split_passages.output.passages,
     output:
-        scores=f"{RESULTS}/{{collection}}/{{method}}/rerank/teacher_scores.parquet",
+        scores=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/teacher_scores.parquet",
     log:
-        f"{LOGS}/{{collection}}/{{method}}/score_candidates.log",
+        f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/score_candidates.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/score_candidates.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/seed-{{seed}}/score_candidates.tsv"
     conda:
         "../envs/training.yaml"
     threads: 2

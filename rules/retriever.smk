@@ -1,5 +1,7 @@
 # Bi-encoder retrievers: training (retriever 1, retriever 2, distilled), corpus encoding in
 # shards, exact search, hard-negative mining, and neighbourhood recall between retrievers 1 and 2.
+# Fine-tuned outputs live in results/<collection>/<method>/seed-<seed>/ (one per config seed);
+# the off-the-shelf encoders in results/<collection>/<method>/zeroshot/.
 
 
 rule train_retriever:
@@ -10,11 +12,13 @@ rule train_retriever:
         qrels=rules.ingest.output.qrels,
         passages=rules.split_passages.output.passages,
     output:
-        model=directory(f"{RESULTS}/{{collection}}/{{method}}/{{trained}}/model"),
+        model=directory(
+            f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{trained}}/model"
+        ),
     log:
-        f"{LOGS}/{{collection}}/{{method}}/train_retriever_{{trained}}.log",
+        f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/train_retriever_{{trained}}.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/train_retriever_{{trained}}.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/seed-{{seed}}/train_retriever_{{trained}}.tsv"
     conda:
         "../envs/training.yaml"
     threads: 2
@@ -26,7 +30,7 @@ rule train_retriever:
         init=method_init,
         split=train_split,
         flags=retriever_flags,
-        checkpoints=f"{RESULTS}/{{collection}}/{{method}}/{{trained}}/checkpoints",
+        checkpoints=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{trained}}/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.train_retriever --init {params.init} --queries {input.queries}"
         " --qrels {input.qrels} --passages {input.passages} --negatives {input.negatives}"
@@ -42,9 +46,9 @@ rule encode_corpus:
     output:
         embeddings=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/embeddings/shard_{{shard}}.parquet",
     log:
-        f"{LOGS}/{{collection}}/{{method}}/encode_corpus_{{retriever}}_{{shard}}.log",
+        f"{LOGS}/{{collection}}/{{method}}/{{retriever}}/encode_corpus_{{shard}}.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/encode_corpus_{{retriever}}_{{shard}}.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{{retriever}}/encode_corpus_{{shard}}.tsv"
     conda:
         "../envs/training.yaml"
     threads: 2
@@ -74,9 +78,9 @@ rule search_dense:
         trec=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/run.trec",
         train_run=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/train_run.parquet",
     log:
-        f"{LOGS}/{{collection}}/{{method}}/search_dense_{{retriever}}.log",
+        f"{LOGS}/{{collection}}/{{method}}/{{retriever}}/search_dense.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/search_dense_{{retriever}}.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{{retriever}}/search_dense.tsv"
     conda:
         "../envs/training.yaml"
     threads: 2
@@ -90,27 +94,28 @@ rule search_dense:
         depth=FT["search_depth"],
         train_depth=train_depth(),
         max_length=FT["max_query_length"],
+        tag=run_tag,
     shell:
         "python -m dprflow.stages.search_dense {params.encoder} --embeddings {input.embeddings}"
         " --queries {input.queries} --out {output.run} --trec {output.trec}"
         " --train-out {output.train_run} --eval-split {params.eval_split}"
         " --train-split {params.train_split} --depth {params.depth}"
         " --train-depth {params.train_depth} --max-length {params.max_length}"
-        " --tag {wildcards.method}-{wildcards.retriever} --threads {threads} > {log} 2>&1"
+        " --tag {params.tag} --threads {threads} > {log} 2>&1"
 
 
 rule mine_negatives:
     input:
         code=stage_code("mine_negatives"),
-        run=f"{RESULTS}/{{collection}}/{{method}}/{{trained}}/train_run.parquet",
+        run=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{trained}}/train_run.parquet",
         qrels=rules.ingest.output.qrels,
         passages=rules.split_passages.output.passages,
     output:
-        negatives=f"{RESULTS}/{{collection}}/{{method}}/{{trained}}/negatives.parquet",
+        negatives=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{trained}}/negatives.parquet",
     log:
-        f"{LOGS}/{{collection}}/{{method}}/mine_negatives_{{trained}}.log",
+        f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/mine_negatives_{{trained}}.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/mine_negatives_{{trained}}.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/seed-{{seed}}/mine_negatives_{{trained}}.tsv"
     conda:
         "../envs/evaluation.yaml"
     threads: 1
@@ -127,14 +132,14 @@ rule mine_negatives:
 rule nb_recall:
     input:
         code=stage_code("nb_recall"),
-        run_r1=f"{RESULTS}/{{collection}}/{{method}}/r1/run.parquet",
-        run_r2=f"{RESULTS}/{{collection}}/{{method}}/r2/run.parquet",
+        run_r1=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/r1/run.parquet",
+        run_r2=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/r2/run.parquet",
     output:
-        table=f"{RESULTS}/{{collection}}/{{method}}/nb_recall.parquet",
+        table=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/nb_recall.parquet",
     log:
-        f"{LOGS}/{{collection}}/{{method}}/nb_recall.log",
+        f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/nb_recall.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/nb_recall.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/seed-{{seed}}/nb_recall.tsv"
     conda:
         "../envs/evaluation.yaml"
     threads: 1

@@ -129,6 +129,65 @@ def test_comparison_aggregates_and_tests_against_the_baseline():
     assert "| none/r1 |" in md and "b↑" in md.split("| none/r1 |")[1].splitlines()[0]
 
 
+def test_seeds_are_gathered_into_mean_and_std_against_a_hand_computation():
+    qids = ["q1", "q2", "q3", "q4"]
+
+    def rows(values):
+        return pd.DataFrame({"query_id": qids, "metric": "RR@10", "value": values})
+
+    per_query = {
+        ("c", "bm25"): rows([0.0, 0.5, 1.0, 0.2]),
+        ("c", "none/seed-1/r2"): rows([0.5, 0.5, 1.0, 0.4]),  # mean 0.60
+        ("c", "none/seed-2/r2"): rows([1.0, 0.5, 0.5, 0.6]),  # mean 0.65
+        ("c", "none/seed-1/r1"): rows([0.0, 0.5, 1.0, 0.3]),
+    }
+    table = build_comparison(per_query, ["bm25"]).set_index("system")
+    r2 = table.loc["none/r2"]
+    assert r2["value"] == pytest.approx(0.625)
+    assert r2["std"] == pytest.approx(0.05 / math.sqrt(2))  # sample std of 0.60 and 0.65
+    assert r2["n_seeds"] == 2 and r2["seeds"] == "1 2" and r2["n_queries"] == 4
+    assert r2["delta_bm25"] == pytest.approx(0.625 - 0.425)
+    # Pairs per query: the seed-mean (0.75, 0.5, 0.75, 0.5) against BM25 (0, 0.5, 1, 0.2).
+    d = np.array([0.75, 0.0, -0.25, 0.3])
+    t = d.mean() / (math.sqrt(((d - d.mean()) ** 2).sum() / 3) / 2)
+    raw_r2 = 2 * stats.t.sf(abs(t), df=3)
+    d1 = np.array([0.0, 0.0, 0.0, 0.1])
+    t1 = d1.mean() / (math.sqrt(((d1 - d1.mean()) ** 2).sum() / 3) / 2)
+    raw_r1 = 2 * stats.t.sf(abs(t1), df=3)
+    adjusted = holm([raw_r2, raw_r1])
+    assert r2["p_bm25"] == pytest.approx(adjusted[0])
+    assert table.loc["none/r1", "p_bm25"] == pytest.approx(adjusted[1])
+    # One seed: no spread; BM25 has no seed.
+    assert math.isnan(table.loc["none/r1", "std"]) and table.loc["none/r1", "n_seeds"] == 1
+    assert table.loc["bm25", "n_seeds"] == 1 and table.loc["bm25", "seeds"] == ""
+    md = to_markdown(table.reset_index(), ["bm25"], ["none"], ["RR@10"])
+    assert "| none/r2 | 0.6250 ± 0.0354 |" in md
+    assert "| none/r1 | 0.4500 |" in md
+    assert "over seeds 1, 2" in md
+
+
+def test_seeded_rows_pair_only_the_seeds_they_share():
+    qids = ["q1", "q2", "q3"]
+
+    def rows(values):
+        return pd.DataFrame({"query_id": qids, "metric": "RR@10", "value": values})
+
+    per_query = {
+        ("c", "none/seed-1/r1"): rows([0.1, 0.2, 0.3]),
+        ("c", "none/seed-2/r1"): rows([0.3, 0.2, 0.6]),
+        ("c", "none/seed-1/r2"): rows([0.2, 0.4, 0.3]),
+        ("c", "none/seed-2/r2"): rows([0.5, 0.2, 0.9]),
+        ("c", "none/seed-3/r2"): rows([9.0, 9.0, 9.0]),  # seed 3 has no r1: not in the pairs
+    }
+    table = build_comparison(per_query, ["none/r1"]).set_index("system")
+    a = np.array([0.35, 0.3, 0.6])  # r2 averaged over seeds 1 and 2
+    b = np.array([0.2, 0.2, 0.45])
+    assert table.loc["none/r2", "p_none_r1"] == pytest.approx(stats.ttest_rel(a, b).pvalue)
+    assert table.loc["none/r2", "n_seeds"] == 3
+    with pytest.raises(ValueError, match="with and without a seed"):
+        build_comparison({**per_query, ("c", "none/r2"): rows([0.1, 0.1, 0.1])}, ["none/r1"])
+
+
 def test_papers_figures_beside_ours():
     from dprflow.compare import beside_papers, paper_numbers, papers_markdown
 

@@ -4,7 +4,12 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,7 +17,10 @@ import yaml
 from matplotlib.image import imread
 
 from dprflow import plots, report
+from dprflow.compare import to_markdown
 from dprflow.stages import check
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TABLE = pd.DataFrame(
     [
@@ -46,12 +54,13 @@ def test_figures_are_drawn(tmp_path):
     plots.nb_recall(nb, tmp_path / "nb.png")
     logs = pd.DataFrame(
         [
-            ("c", m, s, step, 2.0 / step)
+            ("c", m, seed, s, step, 2.0 / step + seed)
             for m in ("none", "cdmae")
+            for seed in (1, 2)
             for s in ("r1", "r2")
             for step in range(1, 6)
         ],
-        columns=["collection", "method", "stage", "step", "loss"],
+        columns=["collection", "method", "seed", "stage", "step", "loss"],
     )
     plots.training_loss(logs, tmp_path / "loss.png")
     assert all(not_blank(tmp_path / f) for f in ("bars.png", "nb.png", "loss.png"))
@@ -62,36 +71,38 @@ def test_figures_are_drawn(tmp_path):
 def test_comparison_page_renders_the_table_and_each_rows_provenance(tmp_path):
     md = "# dprflow comparison\n\n| system | c RR@10 |\n|---|---|\n| bm25 | 0.3000 z↑ |\n\nQueries scored: c: 50.\n"
     results = tmp_path / "results"
-    (results / "c" / "none" / "r1" / "model").mkdir(parents=True)
+    (results / "c" / "none" / "seed-13" / "r1" / "model").mkdir(parents=True)
     record = {"stage": "train_retriever", "args": {"learning_rate": 2e-5}, "inputs": {"a": "f" * 64},
               "code": {"commit": "a" * 40, "dirty": False}, "started": "now", "wall_seconds": 1.5}  # fmt: skip
-    (results / "c" / "none" / "r1" / "model" / "provenance.json").write_text(json.dumps(record))
-    (results / "c" / "none" / "r1" / "metrics.parquet.provenance.json").write_text(json.dumps(record))
+    (results / "c" / "none" / "seed-13" / "r1" / "model" / "provenance.json").write_text(json.dumps(record))
+    (results / "c" / "none" / "seed-13" / "r1" / "metrics.parquet.provenance.json").write_text(
+        json.dumps(record)
+    )
     page = report.comparison_page(md, results, TABLE)
     assert "<th>c RR@10</th>" in page and "<td>0.3000 z↑</td>" in page
-    assert "<h3>c none/r1</h3>" in page and "none/r1/model" in page and "aaaaaaaaaa" in page
-    assert "none/r1/metrics.parquet" in page and "learning_rate" in page
+    assert "<h3>c none/r1</h3>" in page and "none/seed-13/r1/model" in page and "aaaaaaaaaa" in page
+    assert "none/seed-13/r1/metrics.parquet" in page and "learning_rate" in page
 
 
 def test_training_logs_are_read_from_model_folders(tmp_path):
     results = tmp_path / "results"
-    for folder in ("c/none/r1/model", "pretrain/cdmae/generic/model", "c/cdmae/pretrain/model"):
+    for folder in ("c/none/seed-13/r1/model", "pretrain/cdmae/generic/model", "c/cdmae/pretrain/model"):
         (results / folder).mkdir(parents=True)
         pd.DataFrame({"step": [1, 2], "lr": [0.1, 0.1], "loss": [2.0, 1.0]}).to_csv(
             results / folder / "train_log.csv"
         )
     dirs = [
         str(results / f)
-        for f in ("c/none/r1/model", "pretrain/cdmae/generic/model", "c/cdmae/pretrain/model")
+        for f in ("c/none/seed-13/r1/model", "pretrain/cdmae/generic/model", "c/cdmae/pretrain/model")
     ]
     logs = report.training_logs(dirs, results)
-    got = set(map(tuple, logs[["collection", "method", "stage"]].drop_duplicates().values))
+    got = set(map(tuple, logs[["collection", "method", "seed", "stage"]].drop_duplicates().values))
     assert got == {
-        ("c", "none", "r1"),
-        ("generic", "cdmae", "pretrain-generic"),
-        ("c", "cdmae", "pretrain-corpus"),
+        ("c", "none", "13", "r1"),
+        ("generic", "cdmae", "", "pretrain-generic"),
+        ("c", "cdmae", "", "pretrain-corpus"),
     }
-    (results / "c/none/r1/model/train_log.csv").unlink()
+    (results / "c/none/seed-13/r1/model/train_log.csv").unlink()
     with pytest.raises(FileNotFoundError, match="train_log.csv"):
         report.training_logs(dirs, results)
 
@@ -120,3 +131,43 @@ def test_check_passes_then_fails_on_a_doctored_value(tmp_path, capsys):
     expected.write_text(yaml.safe_dump(data))
     assert check.main(["--compare-csv", str(csv), "--expected", str(expected)]) == 1
     assert "MISSING c bmae/r1" in capsys.readouterr().out
+
+
+BROWSER = any(
+    shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+)
+
+
+@pytest.mark.skipif(not BROWSER, reason="no headless browser (make render-check installs Debian's chromium)")
+def test_render_check_passes_on_drawn_figures_and_fails_on_a_blank_one(tmp_path):
+    """scripts/check_report_render.py in headless Chromium: the table's rows and each figure."""
+    results = tmp_path / "results"
+    pieces = results / "report"
+    pieces.mkdir(parents=True)
+    TABLE.to_csv(results / "compare.csv", index=False)
+    md = "# dprflow comparison\n\n" + to_markdown(TABLE, ["bm25"], ["none", "cdmae"], ["RR@10"])
+    (pieces / "comparison.html").write_text(report.comparison_page(md, results, TABLE))
+    plots.main_metric(TABLE, "RR@10", pieces / "main_metric.png")
+    nb = pd.DataFrame(
+        [("c", "none", 10, k, k / 100) for k in (10, 50, 100)],
+        columns=["collection", "method", "n", "k", "value"],
+    )
+    plots.nb_recall(nb, pieces / "nb_recall.png")
+    logs = pd.DataFrame(
+        [("c", "none", "r1", s, 1.0 / s) for s in (1, 2, 3)],
+        columns=["collection", "method", "stage", "step", "loss"],
+    )
+    plots.training_loss(logs, pieces / "training_loss.png")
+    script = [sys.executable, str(ROOT / "scripts" / "check_report_render.py"), "--results", str(results)]
+    ok = subprocess.run(script, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "OK   comparison table: 6/6 rows" in ok.stdout
+    plt.imsave(pieces / "nb_recall.png", np.ones((300, 400, 3)))  # a blank image
+    (pieces / "comparison.html").write_text(
+        report.comparison_page(md.replace("| cdmae/r2 |", "| other |"), results, TABLE)
+    )
+    bad = subprocess.run(script, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1
+    assert "FAIL figure nb_recall.png drawn" in bad.stdout
+    assert "FAIL comparison table: 5/6 rows, missing ['cdmae/r2']" in bad.stdout
+    assert "OK   figure main_metric.png drawn" in bad.stdout

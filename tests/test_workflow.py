@@ -77,13 +77,42 @@ def test_the_comparison_has_every_row(finished_run):
     assert table["value"].between(0, 1).all()
     assert (table["n_queries"] > 0).all()
     assert "| bm25 |" in (workdir / "results" / "compare.md").read_text()
-    nb = pd.read_parquet(workdir / "results" / "tiny" / "cocondenser" / "nb_recall.parquet")
-    assert nb["k"].tolist() == [10, 50, 100] and nb["value"].is_monotonic_increasing
+    for seed in (13, 14):
+        nb = pd.read_parquet(
+            workdir / "results" / "tiny" / "cocondenser" / f"seed-{seed}" / "nb_recall.parquet"
+        )
+        assert nb["k"].tolist() == [10, 50, 100] and nb["value"].is_monotonic_increasing
     # Trained models load as plain Hugging Face checkpoints.
     from transformers import AutoModel
 
-    AutoModel.from_pretrained(workdir / "results" / "tiny" / "cocondenser" / "r1" / "model")
+    AutoModel.from_pretrained(workdir / "results" / "tiny" / "cocondenser" / "seed-14" / "r1" / "model")
     AutoModel.from_pretrained(workdir / "results" / "tiny" / "cocondenser" / "pretrain" / "model")
+
+
+def test_two_seeds_give_mean_and_standard_deviation_of_their_metrics_files(finished_run):
+    workdir, _ = finished_run
+    table = pd.read_csv(workdir / "results" / "compare.csv").set_index(["system", "metric"])
+    tiny = workdir / "results" / "tiny"
+    for stage in ("r1", "r2", "rerank", "distill"):
+        per_seed = [
+            pd.read_parquet(tiny / "cocondenser" / f"seed-{s}" / stage / "metrics.parquet")
+            .query("metric == 'nDCG@10'")["value"]
+            .mean()
+            for s in (13, 14)
+        ]
+        row = table.loc[(f"cocondenser/{stage}", "nDCG@10")]
+        assert row["n_seeds"] == 2 and row["seeds"] == "13 14"
+        assert row["value"] == pytest.approx((per_seed[0] + per_seed[1]) / 2, abs=1e-6)
+        assert row["std"] == pytest.approx(abs(per_seed[0] - per_seed[1]) / 2**0.5, abs=1e-6)
+    assert table.loc[("bm25", "nDCG@10"), "n_seeds"] == 1
+    # the seeds fine-tune differently: their retriever-1 checkpoints differ
+    from safetensors.torch import load_file
+
+    weights = [
+        load_file(tiny / "cocondenser" / f"seed-{s}" / "r1" / "model" / "model.safetensors") for s in (13, 14)
+    ]
+    assert any(not (weights[0][k] == weights[1][k]).all() for k in weights[0])
+    assert "± " in (workdir / "results" / "compare.md").read_text()
 
 
 def test_second_run_does_nothing(finished_run):
@@ -105,11 +134,11 @@ def test_changing_bm25_k1_reruns_only_what_depends_on_it(finished_run, tmp_path)
     assert jobs["bm25_search"] == 1 and jobs["bm25_negatives"] == 1
     # pre-training does not read BM25: untouched
     assert "pretrain_generic" not in jobs and "pretrain_corpus" not in jobs
-    # r1, r2, distill and the reranker
-    assert jobs["train_retriever"] == 3 and jobs["train_reranker"] == 1
-    # every evaluated row but the off-the-shelf model's
-    assert jobs["evaluate"] == 5
-    assert jobs["encode_corpus"] == 3 * 2  # r1, r2, distill; 2 shards each; zeroshot untouched
+    # r1, r2, distill and the reranker, for each of the two seeds
+    assert jobs["train_retriever"] == 3 * 2 and jobs["train_reranker"] == 2
+    # every evaluated row but the off-the-shelf model's: BM25 and 4 stages x 2 seeds
+    assert jobs["evaluate"] == 1 + 4 * 2
+    assert jobs["encode_corpus"] == 3 * 2 * 2  # r1, r2, distill; 2 shards; 2 seeds; zeroshot untouched
 
 
 def test_unknown_config_key_stops_the_dag_and_names_it(tmp_path):
@@ -138,15 +167,25 @@ def test_report_pieces_render_and_the_snakemake_report_builds(finished_run):
     assert result.returncode == 0, result.stderr[-3000:]
     html = (workdir / "report.html").read_text(errors="replace")
     assert len(html) > 10_000 and "main_metric.png" in html and "comparison.html" in html
+    if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
+        pytest.skip("no headless browser for the render check (make render-check installs chromium)")
+    rendered = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "check_report_render.py"), "--results",
+         str(workdir / "results"), "--report", str(workdir / "report.html")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert rendered.returncode == 0, rendered.stdout + rendered.stderr
+    assert "OK   snakemake report lists its items" in rendered.stdout
 
 
 def test_every_stage_output_has_a_provenance_record(finished_run):
     workdir, _ = finished_run
     tiny = workdir / "results" / "tiny"
-    record = json.loads((tiny / "cocondenser" / "r2" / "metrics.parquet.provenance.json").read_text())
+    seed = tiny / "cocondenser" / "seed-13"
+    record = json.loads((seed / "r2" / "metrics.parquet.provenance.json").read_text())
     assert record["stage"] == "evaluate" and record["code"]["commit"]
-    assert str(Path("results/tiny/cocondenser/r2/run.parquet")) in record["inputs"]
-    assert (tiny / "cocondenser" / "r1" / "model" / "provenance.json").is_file()
+    assert str(Path("results/tiny/cocondenser/seed-13/r2/run.parquet")) in record["inputs"]
+    assert (seed / "r1" / "model" / "provenance.json").is_file()
     assert (tiny / "passages.parquet.provenance.json").is_file()
 
 
@@ -174,7 +213,11 @@ def test_changing_one_value_changes_the_provenance_of_exactly_what_is_downstream
     after = provenance_records(copy / "results")
     assert set(before) == set(after)
     moved = {k for k in before if before[k] != after[k]}
-    downstream = ("tiny/cocondenser/rerank/", "tiny/cocondenser/distill/", "compare.", "report/")
+    downstream = tuple(
+        f"tiny/cocondenser/seed-{s}/{stage}/" for s in (13, 14) for stage in ("rerank", "distill")
+    )
+    downstream += ("compare.", "report/")
     assert moved == {k for k in before if k.startswith(downstream)}
-    assert any(k.startswith("tiny/cocondenser/rerank/model") for k in moved)
-    assert any(k.startswith("tiny/cocondenser/distill/model") for k in moved)
+    for s in (13, 14):
+        assert any(k.startswith(f"tiny/cocondenser/seed-{s}/rerank/model") for k in moved)
+        assert any(k.startswith(f"tiny/cocondenser/seed-{s}/distill/model") for k in moved)

@@ -4,11 +4,17 @@ Input is the per-query metric tables written by the ``evaluate`` stage, one per 
 system). Output is a long table (``collection, system, metric, value, n_queries`` plus the
 significance columns) for programs, and a Markdown table for people.
 
+Seeds: a fine-tuned system evaluated once per seed is named ``<method>/seed-<seed>/<stage>``; its
+row in the table is ``<method>/<stage>``, with ``value`` the mean over seeds of the per-seed means,
+``std`` their sample standard deviation (n - 1; empty with one seed) and ``n_seeds``.
+
 Significance: each row is compared with each reference row (the configured baseline, BM25 by
 default, and the off-the-shelf model ``none/zeroshot``) by a two-sided paired t-test over the
-queries, per collection and metric; the p-values of one (collection, metric, reference) family are
-corrected for multiple comparisons with Holm-Bonferroni, as PyTerrier's ``Experiment`` does with
-``correction='holm'``.
+queries, per collection and metric. With seeds the pairs stay per query: each side's per-query
+value is its mean over the seeds both rows share (a row without seeds, such as BM25, has the same
+value for every seed), so a query's difference is the mean of its per-seed differences. The
+p-values of one (collection, metric, reference) family are corrected for multiple comparisons with
+Holm-Bonferroni, as PyTerrier's ``Experiment`` does with ``correction='holm'``.
 """
 
 from __future__ import annotations
@@ -58,39 +64,98 @@ def paired_ttest(a: pd.Series, b: pd.Series) -> float:
     return float(stats.ttest_rel(joined.iloc[:, 0], joined.iloc[:, 1]).pvalue)
 
 
+def split_seed(system: str) -> tuple[str, int | None]:
+    """``none/seed-13/r2`` -> (``none/r2``, 13); a system without a seed -> (system, None)."""
+    parts = system.split("/")
+    if len(parts) == 3 and parts[1].startswith("seed-") and parts[1][5:].isdigit():
+        return f"{parts[0]}/{parts[2]}", int(parts[1][5:])
+    return system, None
+
+
+def seed_matrix(by_seed: dict[int | None, pd.DataFrame], metric: str) -> pd.DataFrame:
+    """Per-query values of one metric, a column per seed (index query_id)."""
+    return pd.DataFrame(
+        {
+            seed: table[table["metric"] == metric].set_index("query_id")["value"]
+            for seed, table in by_seed.items()
+        }
+    )
+
+
+def paired_values(
+    row: dict[int | None, pd.DataFrame], ref: dict[int | None, pd.DataFrame], metric: str
+) -> tuple[pd.Series, pd.Series]:
+    """The per-query values the t-test pairs: each side's mean over the seeds both rows have; a
+    side without seeds (one table, seed None) counts as the same values for every seed."""
+    a, b = seed_matrix(row, metric), seed_matrix(ref, metric)
+    if None not in row and None not in ref:
+        common = [s for s in a.columns if s in b.columns]
+        if not common:
+            return pd.Series(dtype=float), pd.Series(dtype=float)
+        a, b = a[common], b[common]
+    return a.mean(axis=1, skipna=False), b.mean(axis=1, skipna=False)
+
+
 def build_comparison(per_query: dict[tuple[str, str], pd.DataFrame], references: list[str]) -> pd.DataFrame:
     """Long table of aggregates and significance against each reference system.
 
-    ``per_query`` maps (collection, system) to a (query_id, metric, value) table. For each reference
-    R, the columns ``p_<R>`` (Holm-adjusted p-value) and ``delta_<R>`` (value minus R's) are added;
-    they are NaN for R itself or when R is absent from the collection.
+    ``per_query`` maps (collection, system) to a (query_id, metric, value) table; systems named
+    ``<method>/seed-<seed>/<stage>`` are gathered into one row ``<method>/<stage>`` (module
+    docstring). For each reference R, the columns ``p_<R>`` (Holm-adjusted p-value) and
+    ``delta_<R>`` (value minus R's) are added; they are NaN for R itself or when R is absent from
+    the collection.
     """
-    rows = []
+    grouped: dict[tuple[str, str], dict[int | None, pd.DataFrame]] = {}
     for (collection, system), table in per_query.items():
-        for metric, group in table.groupby("metric", sort=False):
+        name, seed = split_seed(system)
+        seeds = grouped.setdefault((collection, name), {})
+        if seed in seeds or (seeds and (seed is None) != (None in seeds)):
+            raise ValueError(f"{collection} {system}: the same row twice, or with and without a seed")
+        seeds[seed] = table
+    rows = []
+    for (collection, system), by_seed in grouped.items():
+        metrics = dict.fromkeys(m for t in by_seed.values() for m in t["metric"])
+        for metric in metrics:
+            values = seed_matrix(by_seed, metric)
+            means = values.mean(axis=0)
+            std = float(means.std(ddof=1)) if len(means) > 1 else float("nan")
+            seeds = " ".join(str(s) for s in sorted(by_seed) if s is not None)
             rows.append(
-                (collection, system, metric, float(group["value"].mean()), int(group["query_id"].nunique()))
+                (
+                    collection,
+                    system,
+                    metric,
+                    float(means.mean()),
+                    std,
+                    len(means),
+                    seeds,
+                    int(values.index.nunique()),
+                )
             )
-    out = pd.DataFrame(rows, columns=["collection", "system", "metric", "value", "n_queries"])
+    out = pd.DataFrame(
+        rows, columns=["collection", "system", "metric", "value", "std", "n_seeds", "seeds", "n_queries"]
+    )
     for ref in references:
         key = ref.replace("/", "_")
         out[f"delta_{key}"] = np.nan
         out[f"p_{key}"] = np.nan
         for (collection, metric), idx in out.groupby(["collection", "metric"]).groups.items():
-            if (collection, ref) not in per_query:
+            if (collection, ref) not in grouped:
                 continue
-            ref_table = per_query[(collection, ref)]
-            ref_values = ref_table[ref_table["metric"] == metric].set_index("query_id")["value"]
+            ref_value = out[
+                (out["collection"] == collection) & (out["system"] == ref) & (out["metric"] == metric)
+            ]
+            if ref_value.empty:
+                continue
             raw, where = [], []
             for i in idx:
                 system = out.at[i, "system"]
                 if system == ref:
                     continue
-                table = per_query[(collection, system)]
-                values = table[table["metric"] == metric].set_index("query_id")["value"]
-                raw.append(paired_ttest(values, ref_values))
+                a, b = paired_values(grouped[(collection, system)], grouped[(collection, ref)], metric)
+                raw.append(paired_ttest(a, b))
                 where.append(i)
-                out.at[i, f"delta_{key}"] = out.at[i, "value"] - float(ref_values.mean())
+                out.at[i, f"delta_{key}"] = out.at[i, "value"] - float(ref_value["value"].iloc[0])
             for i, p in zip(where, holm(raw), strict=True):
                 out.at[i, f"p_{key}"] = p
     return out
@@ -124,7 +189,9 @@ def to_markdown(table: pd.DataFrame, references: list[str], methods: list[str], 
             for m in metric_order:
                 if (c, system, m) in indexed.index:
                     row = indexed.loc[(c, system, m)]
-                    cells.append(f"{row['value']:.4f}{_marker(row, references, letters)}")
+                    std = row.get("std", float("nan"))
+                    spread = f" ± {std:.4f}" if std == std else ""
+                    cells.append(f"{row['value']:.4f}{spread}{_marker(row, references, letters)}")
                 else:
                     cells.append("–")
         lines.append("| " + " | ".join(cells) + " |")
@@ -132,6 +199,15 @@ def to_markdown(table: pd.DataFrame, references: list[str], methods: list[str], 
     notes = [
         "",
         "Queries scored: " + ", ".join(f"{c}: {int(nq[c])}" for c in collections) + ".",
+    ]
+    if "n_seeds" in table and (table["n_seeds"] > 1).any():
+        seeds = sorted({s for v in table["seeds"].dropna() for s in str(v).split()}, key=int)
+        notes.append(
+            f"Fine-tuned rows: mean ± sample standard deviation over seeds {', '.join(seeds)} "
+            "(the pre-trained encoders are shared by all seeds); the t-test pairs each query's "
+            "values averaged over the seeds both rows have."
+        )
+    notes += [
         "Markers: paired two-sided t-test over queries against a reference row, Holm-corrected per "
         f"collection, metric and reference, p < {ALPHA}: "
         + "; ".join(f"{letters[r]}↑/{letters[r]}↓ better/worse than {r}" for r in references)

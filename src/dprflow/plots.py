@@ -31,7 +31,7 @@ def _save(fig, path) -> None:
 
 def training_loss(logs: pd.DataFrame, path) -> None:
     """``logs``: columns ``collection, method, stage, step, loss`` (stage: pretrain-generic,
-    pretrain-corpus, r1, r2, rerank, distill)."""
+    pretrain-corpus, r1, r2, rerank, distill) and optionally ``seed`` (a line per seed)."""
     if logs.empty:
         raise ValueError("no training logs to plot")
     stages = list(dict.fromkeys(logs["stage"]))
@@ -40,8 +40,11 @@ def training_loss(logs: pd.DataFrame, path) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
     for ax, stage in zip(axes.flat, stages, strict=False):
         part = logs[logs["stage"] == stage]
-        for (collection, method), line in part.groupby(["collection", "method"], sort=False):
-            label = method if logs["collection"].nunique() == 1 else f"{collection} {method}"
+        seeds = "seed" in part and part["seed"].nunique() > 1
+        keys = ["collection", "method"] + (["seed"] if seeds else [])
+        for key, line in part.groupby(keys, sort=False):
+            label = key[1] if logs["collection"].nunique() == 1 else f"{key[0]} {key[1]}"
+            label += f" seed {key[2]}" if seeds else ""
             ax.plot(line["step"], line["loss"], marker=".", label=label)
         ax.set_title(stage)
         ax.set_xlabel("step")
@@ -54,7 +57,7 @@ def training_loss(logs: pd.DataFrame, path) -> None:
 
 
 def nb_recall(table: pd.DataFrame, path) -> None:
-    """``table``: columns ``collection, method, n, k, value``."""
+    """``table``: columns ``collection, method, n, k, value`` (with several seeds, their mean)."""
     if table.empty:
         raise ValueError("no nb-recall values to plot")
     ns = sorted(table["n"].unique())

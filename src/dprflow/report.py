@@ -63,12 +63,18 @@ def _table(block: list[str]) -> str:
 
 
 def row_artifacts(results: Path, collection: str, system: str) -> list[Path]:
-    """The artifacts behind one row of the table that carry a provenance record."""
-    folder = results / collection / system
+    """The artifacts behind one row of the table that carry a provenance record: a fine-tuned row
+    ``<method>/<stage>`` gathers the folders of every seed (``<method>/seed-<seed>/<stage>``)."""
+    method, _, stage = system.partition("/")
+    folders = [results / collection / system]
+    if stage and stage != "zeroshot":
+        folders = sorted((results / collection / method).glob(f"seed-*/{stage}"))
     paths = sorted(
-        p for p in folder.rglob("*") if p.name.endswith(provenance.SUFFIX) or p.name == provenance.FOLDER_FILE
+        p
+        for folder in folders
+        for p in folder.rglob("*")
+        if p.name.endswith(provenance.SUFFIX) or p.name == provenance.FOLDER_FILE
     )
-    method = system.split("/")[0]
     if system != "bm25" and method != "none":
         for pre in (
             results / collection / method / "pretrain" / "model",
@@ -131,25 +137,30 @@ def comparison_page(markdown: str, results: Path, table: pd.DataFrame) -> str:
 
 
 def training_logs(model_dirs: list[str], results: Path) -> pd.DataFrame:
-    """``collection, method, stage, step, loss`` from each model folder's ``train_log.csv``.
+    """``collection, method, seed, stage, step, loss`` from each model folder's ``train_log.csv``.
 
-    Folders are ``<results>/<collection>/<method>/<stage>/model`` (fine-tuning and corpus
-    pre-training, stage ``pretrain`` read as ``pretrain-corpus``) or
-    ``<results>/pretrain/<method>/generic/model`` (stage ``pretrain-generic``).
+    Folders are ``<results>/<collection>/<method>/seed-<seed>/<stage>/model`` (fine-tuning),
+    ``<results>/<collection>/<method>/pretrain/model`` (corpus pre-training, stage
+    ``pretrain-corpus``) or ``<results>/pretrain/<method>/generic/model`` (stage
+    ``pretrain-generic``); pre-training has seed "".
     """
     frames = []
     for d in model_dirs:
         parts = Path(d).resolve().relative_to(results.resolve()).parts
+        seed = ""
         if parts[0] == "pretrain":
             collection, method, stage = "generic", parts[1], "pretrain-generic"
+        elif parts[2] == "pretrain":
+            collection, method, stage = parts[0], parts[1], "pretrain-corpus"
+        elif parts[2].startswith("seed-") and len(parts) == 5:
+            collection, method, seed, stage = parts[0], parts[1], parts[2][5:], parts[3]
         else:
-            collection, method, stage = parts[0], parts[1], parts[2]
-            stage = "pretrain-corpus" if stage == "pretrain" else stage
+            raise ValueError(f"{d}: not a model folder of a training stage")
         log_file = Path(d) / "train_log.csv"
         if not log_file.is_file():
             raise FileNotFoundError(f"{log_file}: a training stage's model folder without its loss log")
         frame = pd.read_csv(log_file, usecols=["step", "loss"])
-        frames.append(frame.assign(collection=collection, method=method, stage=stage))
+        frames.append(frame.assign(collection=collection, method=method, seed=seed, stage=stage))
     if not frames:
-        return pd.DataFrame(columns=["collection", "method", "stage", "step", "loss"])
+        return pd.DataFrame(columns=["collection", "method", "seed", "stage", "step", "loss"])
     return pd.concat(frames, ignore_index=True)

@@ -47,10 +47,12 @@ def build(args: Args) -> None:
     for path in args.nb_recall:
         parts = (
             Path(path).resolve().relative_to(results.resolve()).parts
-        )  # <collection>/<method>/nb_recall.parquet
+        )  # <collection>/<method>/seed-<seed>/nb_recall.parquet
         frames.append(read_table(path, "nb_recall").assign(collection=parts[0], method=parts[1]))
+    # one line per method: the mean over its seeds
+    nb = pd.concat(frames, ignore_index=True).groupby(["collection", "method", "n", "k"], sort=False)
     with atomic_path(args.out_nb_recall) as tmp:
-        plots.nb_recall(pd.concat(frames, ignore_index=True), tmp)
+        plots.nb_recall(nb["value"].mean().reset_index(), tmp)
     logs = report.training_logs(args.models, results)
     with atomic_path(args.out_loss) as tmp:
         plots.training_loss(logs, tmp)
