@@ -3,6 +3,7 @@
 import json
 import os
 import shlex
+from pathlib import Path
 
 # The stage modules run as `python -m dprflow.stages.<rule>`; the shell prefix makes the package
 # importable in every job (local, conda or cluster) without requiring it to be installed.
@@ -261,7 +262,7 @@ def encoder_inputs(wildcards):
 
 def run_tag(wildcards):
     """The TREC run tag of a dense run: method, seed and stage, e.g. none-seed-13-r2."""
-    return f"{wildcards.method}-{wildcards.retriever.replace('/', '-')}"
+    return "-".join([wildcards.method, *Path(wildcards.retriever).parts])
 
 
 def encoder_flags(wildcards):

@@ -216,3 +216,17 @@ def test_papers_figures_beside_ours():
         in papers_markdown(beside)
     )
     assert beside_papers(ours, papers, {}).empty
+
+
+def test_reference_rows_come_first_whatever_the_methods():
+    per_query = {
+        ("c", s): pd.DataFrame({"query_id": ["q1", "q2"], "metric": "RR@10", "value": [0.1, 0.2]})
+        for s in ("cocondenser/seed-1/r1", "none/zeroshot", "bm25")
+    }
+    md = to_markdown(build_comparison(per_query, ["bm25"]), ["bm25"], ["cocondenser"], ["RR@10"])
+    rows = [
+        line.split("|")[1].strip()
+        for line in md.splitlines()
+        if line.startswith("| ") and "system" not in line
+    ]
+    assert rows == ["bm25", "none/zeroshot", "cocondenser/r1"]

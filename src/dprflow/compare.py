@@ -30,7 +30,7 @@ ALPHA = 0.05
 
 
 def system_sort_key(system: str, methods: list[str]) -> tuple:
-    if system == "bm25":
+    if system in ("bm25", "none/zeroshot"):  # the reference rows first
         return (0, 0, 0, system)
     method, _, stage = system.partition("/")
     m = methods.index(method) if method in methods else len(methods)
