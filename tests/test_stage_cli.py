@@ -160,7 +160,16 @@ def test_evaluate_and_compare_end_to_end(tiny_collection, tmp_path):
         == 0
     )
     table = pd.read_csv(results / "compare.csv")
-    assert list(table.columns[:5]) == ["collection", "system", "metric", "value", "n_queries"]
+    assert list(table.columns[:8]) == [
+        "collection",
+        "system",
+        "metric",
+        "value",
+        "std",
+        "n_seeds",
+        "seeds",
+        "n_queries",
+    ]
     rr = table[table.metric == "RR@10"].set_index("system")["value"]
     assert rr["bm25"] == 1.0 and rr["none/r1"] == 0.5
     assert "| none/r1 | 0.5000" in (results / "compare.md").read_text()
