@@ -139,8 +139,10 @@ BROWSER = any(
 
 
 @pytest.mark.skipif(not BROWSER, reason="no headless browser (make render-check installs Debian's chromium)")
-def test_render_check_passes_on_drawn_figures_and_fails_on_a_blank_one(tmp_path):
-    """scripts/check_report_render.py in headless Chromium: the table's rows and each figure."""
+def test_render_check_fails_on_a_blank_figure_and_a_missing_row(tmp_path):
+    """scripts/check_report_render.py in headless Chromium: a blank figure and a table without one
+    of compare.csv's rows fail, the intact figures pass (the workflow test runs it on a whole
+    report, where every check passes)."""
     results = tmp_path / "results"
     pieces = results / "report"
     pieces.mkdir(parents=True)
@@ -159,9 +161,6 @@ def test_render_check_passes_on_drawn_figures_and_fails_on_a_blank_one(tmp_path)
     )
     plots.training_loss(logs, pieces / "training_loss.png")
     script = [sys.executable, str(ROOT / "scripts" / "check_report_render.py"), "--results", str(results)]
-    ok = subprocess.run(script, capture_output=True, text=True, timeout=300)
-    assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "OK   comparison table: 6/6 rows" in ok.stdout
     plt.imsave(pieces / "nb_recall.png", np.ones((300, 400, 3)))  # a blank image
     (pieces / "comparison.html").write_text(
         report.comparison_page(md.replace("| cdmae/r2 |", "| other |"), results, TABLE)
@@ -171,3 +170,4 @@ def test_render_check_passes_on_drawn_figures_and_fails_on_a_blank_one(tmp_path)
     assert "FAIL figure nb_recall.png drawn" in bad.stdout
     assert "FAIL comparison table: 5/6 rows, missing ['cdmae/r2']" in bad.stdout
     assert "OK   figure main_metric.png drawn" in bad.stdout
+    assert "OK   figure training_loss.png decoded" in bad.stdout

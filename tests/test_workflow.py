@@ -198,14 +198,15 @@ def provenance_records(results: Path) -> dict[str, str]:
 
 
 def test_changing_one_value_changes_the_provenance_of_exactly_what_is_downstream(finished_run, tmp_path):
-    """The reranker's learning rate: the reranker, its run and scores, the distilled retriever and
-    their evaluations get new records; everything upstream (BM25, pre-training, r1, r2) keeps its."""
+    """The distillation weight alpha: the distilled retriever of each seed, its embeddings, run and
+    evaluation get new records; everything upstream (BM25, pre-training, r1, r2, the reranker)
+    keeps its."""
     workdir, config = finished_run
     copy = tmp_path / "copy"
     shutil.copytree(workdir, copy, symlinks=True)
     before = provenance_records(copy / "results")
     changed = yaml.safe_load(config.read_text())
-    changed["finetune"]["reranker"]["learning_rate"] = 3e-5
+    changed["finetune"]["distill"]["alpha"] = 0.5
     changed_path = tmp_path / "changed.yaml"
     changed_path.write_text(yaml.safe_dump(changed))
     result = snakemake(copy, changed_path)
@@ -213,11 +214,8 @@ def test_changing_one_value_changes_the_provenance_of_exactly_what_is_downstream
     after = provenance_records(copy / "results")
     assert set(before) == set(after)
     moved = {k for k in before if before[k] != after[k]}
-    downstream = tuple(
-        f"tiny/cocondenser/seed-{s}/{stage}/" for s in (13, 14) for stage in ("rerank", "distill")
-    )
-    downstream += ("compare.", "report/")
+    downstream = tuple(f"tiny/cocondenser/seed-{s}/distill/" for s in (13, 14)) + ("compare.", "report/")
     assert moved == {k for k in before if k.startswith(downstream)}
     for s in (13, 14):
-        assert any(k.startswith(f"tiny/cocondenser/seed-{s}/rerank/model") for k in moved)
         assert any(k.startswith(f"tiny/cocondenser/seed-{s}/distill/model") for k in moved)
+        assert any(k.startswith(f"tiny/cocondenser/seed-{s}/distill/embeddings") for k in moved)
