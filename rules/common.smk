@@ -1,4 +1,8 @@
 # Helpers for the DAG: paths, config look-ups and target lists. No rule lives here.
+#
+# The flags of a rule's params are functions of the wildcards only, never of `input`: Snakemake
+# leaves params that take `input` out of its params-changed rerun trigger (snakemake issue 3895),
+# so a changed setting would not rerun the job. They rebuild the input paths they name instead.
 
 import json
 import os
@@ -223,8 +227,8 @@ def pretrain_generic_flags(wildcards):
     return f"{flags} {train_flags(PT['condenser'], keys)}"
 
 
-def pretrain_corpus_flags(wildcards, input):
-    queries = "".join(f" --queries {shlex.quote(p)}" for p in _files(input.queries))
+def pretrain_corpus_flags(wildcards):
+    queries = "".join(f" --queries {shlex.quote(p)}" for p in qac_queries_input(wildcards))
     keys = [
         "span_min",
         "span_max",
@@ -302,8 +306,9 @@ def retriever_inputs(wildcards):
     return out
 
 
-def retriever_flags(wildcards, input):
+def retriever_flags(wildcards):
     """Hyper-parameters of one trained retriever (distillation has its own section)."""
+    inputs = retriever_inputs(wildcards)
     common = (
         f"--pooling {method_pooling(wildcards.method)} --shared {str(FT['shared_encoder']).lower()}"
         f" --seed {wildcards.seed}"
@@ -313,14 +318,14 @@ def retriever_flags(wildcards, input):
     if wildcards.trained == "distill":
         d = FT["distill"]
         flags = (
-            f" --teacher {input.teacher} --alpha {d['alpha']} --direction {d['direction']}"
+            f" --teacher {inputs['teacher']} --alpha {d['alpha']} --direction {d['direction']}"
             f" --temperature {d['temperature']}"
         )
     else:
         d = FT["retriever"]
         flags = f" --temperature {d['temperature']}"
-        if "extra" in input.keys():
-            flags += f" --extra-negatives {input.extra} --extra-fraction {FT['r2_bm25_fraction']}"
+        if "extra" in inputs:
+            flags += f" --extra-negatives {inputs['extra']} --extra-fraction {FT['r2_bm25_fraction']}"
     return f"{common}{flags}{optim_flags(d)}"
 
 
@@ -361,13 +366,6 @@ def reranker_flags(wildcards):
     )
 
 
-def _files(named_input):
-    """The paths of a named input, which Snakemake gives as one string or a list."""
-    return (
-        [named_input] if isinstance(named_input, str) else [str(p) for p in named_input]
-    )
-
-
 def pmi_corpus_input(wildcards):
     """The texts whose n-grams are counted: a collection's passages, or the generic corpus file."""
     if wildcards.corpus == "pretrain":
@@ -375,14 +373,14 @@ def pmi_corpus_input(wildcards):
     return [f"{RESULTS}/{wildcards.corpus}/passages.parquet"]
 
 
-def pmi_count_flags(wildcards, input):
+def pmi_count_flags(wildcards):
     p = PT["pmi"]
     if wildcards.corpus == "pretrain":
         source = PT["generic_corpus"]["source"]
     else:
         source = "passages"
     flags = f"--corpus {source} --shards {p['shards']} --max-n {p['max_n']} --max-distinct {p['max_distinct']}"
-    for path in _files(input.corpus):
+    for path in pmi_corpus_input(wildcards):
         flags += f" --corpus-path {shlex.quote(path)}"
     return flags
 
@@ -434,15 +432,15 @@ def qac_queries_input(wildcards):
     return [f"{RESULTS}/{wildcards.collection}/doc2query/generated_queries.parquet"]
 
 
-def mae_generic_flags(wildcards, input):
-    return mae_flags(wildcards, input, "generic")
+def mae_generic_flags(wildcards):
+    return mae_flags(wildcards, "generic")
 
 
-def mae_corpus_flags(wildcards, input):
-    return mae_flags(wildcards, input, "corpus")
+def mae_corpus_flags(wildcards):
+    return mae_flags(wildcards, "corpus")
 
 
-def mae_flags(wildcards, input, phase):
+def mae_flags(wildcards, phase):
     """Flags of a pretrain_mae job: shared MAE settings, the method's decoder mask ratio, the
     phase's budget and (generic phase) the corpus."""
     m = PT["mae"]
@@ -468,9 +466,10 @@ def mae_flags(wildcards, input, phase):
         ),
         train_flags(m[phase], ["epochs", "max_steps"]),
     ]
-    for path in _files(input.pmi):
+    pmi = mae_generic_pmi(wildcards) if phase == "generic" else mae_corpus_pmi(wildcards)
+    for path in pmi:
         flags.append(f"--pmi {shlex.quote(path)}")
-    for path in _files(input.get("queries", [])):
+    for path in qac_queries_input(wildcards) if phase == "corpus" else []:
         flags.append(f"--queries {shlex.quote(path)}")
     if phase == "generic":
         corpus = PT["generic_corpus"]
