@@ -230,3 +230,25 @@ def test_reference_rows_come_first_whatever_the_methods():
         if line.startswith("| ") and "system" not in line
     ]
     assert rows == ["bm25", "none/zeroshot", "cocondenser/r1"]
+
+
+def test_compare_stage_gathers_seed_folders(tmp_path):
+    """The compare stage reads results/<collection>/<method>/seed-<seed>/<stage>/metrics.parquet
+    into one row per method and stage: the mean and sample standard deviation over the seeds."""
+    from dprflow.schemas import write_table
+    from dprflow.stages import compare
+
+    results = tmp_path / "results"
+    values = {"bm25": [0.0, 1.0], "none/seed-13/r2": [0.5, 1.0], "none/seed-14/r2": [1.0, 1.0]}
+    for system, v in values.items():
+        (results / "c" / system).mkdir(parents=True)
+        table = pd.DataFrame({"query_id": ["q1", "q2"], "metric": "RR@10", "value": v})
+        write_table(table, results / "c" / system / "metrics.parquet", "metrics")
+    files = [str(results / "c" / s / "metrics.parquet") for s in values]
+    argv = ["--metrics-files", *files, "--results-dir", str(results), "--metrics", "RR@10"]
+    argv += ["--out-md", str(results / "compare.md"), "--out-csv", str(results / "compare.csv")]
+    assert compare.main(argv) == 0
+    row = pd.read_csv(results / "compare.csv").set_index("system").loc["none/r2"]
+    assert row["value"] == pytest.approx(0.875)  # seed means 0.75 and 1.0
+    assert row["std"] == pytest.approx(0.25 / math.sqrt(2), abs=1e-6) and row["n_seeds"] == 2
+    assert "| none/r2 | 0.8750 ± 0.1768 |" in (results / "compare.md").read_text()
