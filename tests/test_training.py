@@ -215,3 +215,20 @@ def test_torchrun_two_gloo_processes_match_one_process(train_data, tmp_path):
     # The second step's loss is computed with the weights after the first update. (Weights are
     # not compared one by one: Adam turns rounding noise in near-zero gradients into full steps.)
     np.testing.assert_allclose(two["loss"].iloc[1], one["loss"].iloc[1], rtol=1e-4)
+
+
+def test_reranker_head_is_seeded_so_two_runs_give_the_same_weights(train_data, tiny_init):
+    """The cross-encoder's new classification head is drawn after the seed is set: two runs of the
+    same arguments in one process (the global generator moved on in between) match bit for bit,
+    and another seed gives another head."""
+    from dprflow.stages import train_reranker
+
+    def run(out: str, seed: int) -> dict[str, torch.Tensor]:
+        args = argv(train_data, tiny_init, out, max_steps=1, pooling="mean", seed=seed)
+        assert train_reranker.main(args) == 0
+        return weights(train_data / out)
+
+    torch.rand(7)  # move the global generator, as other work in the same process would
+    a, b, c = run("a", 13), run("b", 13), run("c", 14)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["classifier.weight"], c["classifier.weight"])

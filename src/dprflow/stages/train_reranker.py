@@ -16,7 +16,7 @@ from dprflow.losses import listwise_ce
 from dprflow.modeling.biencoder import load_tokenizer
 from dprflow.modeling.cross_encoder import CrossEncoder
 from dprflow.schemas import read_table
-from dprflow.training import OptimArgs, train_and_save
+from dprflow.training import OptimArgs, set_seed, train_and_save
 
 log = logging.getLogger("dprflow.train_reranker")
 
@@ -50,6 +50,7 @@ def train(args: Args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.init)
+    set_seed(args.seed)  # the classification head's random initialisation
     model = CrossEncoder.from_pretrained(args.init, pooling=args.pooling)
     passages = read_table(args.passages, "passages")
     texts = passage_texts(passages, tokenizer.sep_token or "|")
