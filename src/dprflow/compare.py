@@ -82,13 +82,11 @@ def seed_matrix(by_seed: dict[int | None, pd.DataFrame], metric: str) -> pd.Data
     )
 
 
-def paired_values(
-    row: dict[int | None, pd.DataFrame], ref: dict[int | None, pd.DataFrame], metric: str
-) -> tuple[pd.Series, pd.Series]:
-    """The per-query values the t-test pairs: each side's mean over the seeds both rows have; a
-    side without seeds (one table, seed None) counts as the same values for every seed."""
-    a, b = seed_matrix(row, metric), seed_matrix(ref, metric)
-    if None not in row and None not in ref:
+def paired_values(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """The per-query values the t-test pairs, from two :func:`seed_matrix` tables: each side's mean
+    over the seeds both rows have; a side without seeds (one column, seed None) counts as the same
+    values for every seed."""
+    if None not in a.columns and None not in b.columns:
         common = [s for s in a.columns if s in b.columns]
         if not common:
             return pd.Series(dtype=float), pd.Series(dtype=float)
@@ -113,10 +111,11 @@ def build_comparison(per_query: dict[tuple[str, str], pd.DataFrame], references:
             raise ValueError(f"{collection} {system}: the same row twice, or with and without a seed")
         seeds[seed] = table
     rows = []
+    matrices: dict[tuple[str, str, str], pd.DataFrame] = {}
     for (collection, system), by_seed in grouped.items():
         metrics = dict.fromkeys(m for t in by_seed.values() for m in t["metric"])
         for metric in metrics:
-            values = seed_matrix(by_seed, metric)
+            values = matrices[(collection, system, metric)] = seed_matrix(by_seed, metric)
             means = values.mean(axis=0)
             std = float(means.std(ddof=1)) if len(means) > 1 else float("nan")
             seeds = " ".join(str(s) for s in sorted(by_seed) if s is not None)
@@ -140,22 +139,20 @@ def build_comparison(per_query: dict[tuple[str, str], pd.DataFrame], references:
         out[f"delta_{key}"] = np.nan
         out[f"p_{key}"] = np.nan
         for (collection, metric), idx in out.groupby(["collection", "metric"]).groups.items():
-            if (collection, ref) not in grouped:
+            ref_rows = [i for i in idx if out.at[i, "system"] == ref]
+            if not ref_rows:
                 continue
-            ref_value = out[
-                (out["collection"] == collection) & (out["system"] == ref) & (out["metric"] == metric)
-            ]
-            if ref_value.empty:
-                continue
+            ref_value = float(out.at[ref_rows[0], "value"])
+            ref_matrix = matrices[(collection, ref, metric)]
             raw, where = [], []
             for i in idx:
                 system = out.at[i, "system"]
                 if system == ref:
                     continue
-                a, b = paired_values(grouped[(collection, system)], grouped[(collection, ref)], metric)
+                a, b = paired_values(matrices[(collection, system, metric)], ref_matrix)
                 raw.append(paired_ttest(a, b))
                 where.append(i)
-                out.at[i, f"delta_{key}"] = out.at[i, "value"] - float(ref_value["value"].iloc[0])
+                out.at[i, f"delta_{key}"] = out.at[i, "value"] - ref_value
             for i, p in zip(where, holm(raw), strict=True):
                 out.at[i, f"p_{key}"] = p
     return out
