@@ -185,9 +185,11 @@ def test_search_equals_brute_force_in_any_batch_size():
         np.testing.assert_allclose(scores, ref_s, atol=1e-5)
         assert [list(g) for g in got] == [list(ids[r]) for r in ref_i]
         results[bs] = scores
-    # One kernel for every batch size: bitwise-identical scores.
-    np.testing.assert_array_equal(results[1], results[1024])
-    np.testing.assert_array_equal(results[7], results[1024])
+    # The batch size changes neither the ranking (asserted above) nor the scores beyond float32
+    # rounding: BLAS may split the products differently per call shape and per machine, so no
+    # bitwise equality across batch sizes (a 2-core machine of this kind gave 1.9e-06).
+    np.testing.assert_allclose(results[1], results[1024], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(results[7], results[1024], rtol=0, atol=1e-5)
     assert faiss.cvar.distance_compute_blas_threshold == threshold  # the global is restored
 
 

@@ -254,8 +254,9 @@ class FlatIndex:
     passages were added to the index (the order of :meth:`add` calls and of rows within them),
     not by passage id. faiss's heap also prefers the earlier position when a tie straddles the
     k-th place, so results are deterministic for a given add order. Every batch is scored by
-    the same BLAS kernel (see :func:`_blas_always`), so the batch size changes neither scores
-    nor order; batches of a few hundred queries or more keep the BLAS kernel efficient.
+    the same BLAS kernel (see :func:`_blas_always`), so the batch size changes neither the order
+    nor the scores beyond float32 rounding (BLAS may block a product differently per call
+    shape); batches of a few hundred queries or more keep the BLAS kernel efficient.
 
     Example::
 
