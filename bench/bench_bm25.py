@@ -32,7 +32,7 @@ from pathlib import Path
 import pandas as pd
 from _common import write_bench
 
-from dprflow import bm25
+from dprflow.search import bm25
 
 
 def stdlib_docstrings(max_docs: int, min_words: int = 8) -> pd.DataFrame:
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     if args.passages:
-        from dprflow.schemas import read_table
+        from dprflow.data.schemas import read_table
 
         passages = read_table(args.passages, "passages")
         source = str(args.passages)
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         passages = stdlib_docstrings(args.max_docs)
         source = f"stdlib docstrings of Python {sys.version.split()[0]}"
     if args.queries:
-        from dprflow.schemas import read_table
+        from dprflow.data.schemas import read_table
 
         queries = read_table(args.queries, "queries")[["query_id", "text"]]
     else:

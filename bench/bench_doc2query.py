@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_bench  # noqa: E402
 from bench_encode import stdlib_docstrings  # noqa: E402
 
-from dprflow.doc2query import QueryGenerator  # noqa: E402
+from dprflow.pretraining.query_as_context.doc2query import QueryGenerator  # noqa: E402
 
 
 def load_passages(path: Path | None, n: int, seed: int) -> tuple[list[str], str]:

@@ -1,4 +1,4 @@
-"""Corpus-encoding throughput of dprflow.retrieval.encode_texts against a plain padded loop.
+"""Corpus-encoding throughput of dprflow.search.dense.encode_texts against a plain padded loop.
 
 Both sides encode the same passages with the same model (all-MiniLM-L6-v2, mean pooling), batch
 size and thread count, in the same process:
@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_bench  # noqa: E402
 
-from dprflow.retrieval import encode_texts  # noqa: E402
+from dprflow.search.dense import encode_texts  # noqa: E402
 
 
 def default_model() -> str:

@@ -32,8 +32,9 @@ def child(n: int, chunk: int, repeats: int) -> dict:
     import torch
 
     from dprflow.model_init import load_tokenizer
-    from dprflow.modeling.condenser import Condenser, cocondenser_gradcache_step, cocondenser_loss
-    from dprflow.pretrain_data import mlm_batch
+    from dprflow.pretraining.condenser.data import mlm_batch
+    from dprflow.pretraining.condenser.model import Condenser, cocondenser_loss
+    from dprflow.training.steps import cocondenser_gradcache_step
 
     torch.set_num_threads(2)
     torch.manual_seed(0)

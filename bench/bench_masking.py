@@ -28,7 +28,7 @@ import time
 import torch
 from _common import write_bench
 
-from dprflow.importance_masking import importance_mask, random_mask
+from dprflow.pretraining.mae.importance_masking import importance_mask, random_mask
 
 VOCAB, CLS, SEP, PAD, MASK = 30522, 101, 102, 0, 103
 

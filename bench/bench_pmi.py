@@ -1,4 +1,4 @@
-"""N-gram counting throughput for CDMAE's PMI statistics (``dprflow.pmi.count_shard``), n = 1..4.
+"""N-gram counting throughput for CDMAE's PMI statistics (``dprflow.pretraining.mae.pmi.count_shard``), n = 1..4.
 
 Usage::
 
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from _common import write_bench
 
-from dprflow import pmi
+from dprflow.pretraining.mae import pmi
 
 
 def stdlib_paragraphs(max_words: int) -> list[str]:

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import reset_peak_rss, status_kib  # noqa: E402
 
-from dprflow.retrieval import SEARCH_BATCH  # noqa: E402
+from dprflow.search.dense import SEARCH_BATCH  # noqa: E402
 
 MODES = ("oneshot", "batched", "streamed")
 KIB = 1024
@@ -52,7 +52,7 @@ def _unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
 
 
 def child(args) -> dict:
-    from dprflow.retrieval import FlatIndex
+    from dprflow.search.dense import FlatIndex
 
     rng = np.random.default_rng(args.seed)
     index = FlatIndex(args.dim)

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_bench  # noqa: E402
 
-from dprflow.retrieval import FlatIndex  # noqa: E402
+from dprflow.search.dense import FlatIndex  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,7 +33,7 @@ def stdlib_passages(path: Path, n: int) -> Path:
     import pandas as pd
     from bench_encode import stdlib_docstrings
 
-    from dprflow.schemas import write_table
+    from dprflow.data.schemas import write_table
 
     texts = stdlib_docstrings()[:n]
     table = pd.DataFrame(

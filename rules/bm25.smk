@@ -1,6 +1,14 @@
 # BM25 with Lucene (Anserini): the index, the evaluation run, and the training negatives (K1).
 
 
+def bm25_mem_mb(wildcards):
+    return int(4000 + passages_estimate(wildcards.collection) / 1000)
+
+
+def bm25_runtime(wildcards):
+    return int(15 + passages_estimate(wildcards.collection) / 60_000)
+
+
 rule bm25_index:
     input:
         code=stage_code("bm25_index"),

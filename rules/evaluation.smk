@@ -1,6 +1,29 @@
 # Evaluation: per-query metrics of every run, then one comparison table over all of them.
 
 
+def compare_results_dir(wildcards, output):
+    """The results folder the compared metrics files are relative to (where compare.md goes)."""
+    return os.path.dirname(output.md)
+
+
+def paper_references():
+    """collection=reference pairs for the comparison's table beside the papers."""
+    pairs = [
+        f"{c}={spec['reference']}"
+        for c, spec in config["collections"].items()
+        if spec["reference"]
+    ]
+    return " ".join(shlex.quote(p) for p in pairs)
+
+
+def metrics_files():
+    return [
+        f"{RESULTS}/{c}/{s}/metrics.parquet"
+        for c in config["collections"]
+        for s in systems()
+    ]
+
+
 rule evaluate:
     input:
         code=stage_code("evaluate"),

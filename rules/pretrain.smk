@@ -3,6 +3,193 @@
 # documents; the masked auto-encoders (below).
 
 
+def generic_corpus_input(wildcards):
+    path = PT["generic_corpus"]["path"]
+    return [path] if path else []
+
+
+def pretrain_generic_flags(wildcards):
+    corpus = PT["generic_corpus"]
+    flags = f"--corpus {corpus['source']} --seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}"
+    if corpus["path"]:
+        flags += f" --corpus-path {shlex.quote(corpus['path'])}"
+    keys = [
+        "n_early",
+        "n_head_layers",
+        "mlm_probability",
+        "whole_word",
+        "max_length",
+        "batch_size",
+        "learning_rate",
+        "weight_decay",
+        "warmup_ratio",
+        "epochs",
+        "max_steps",
+    ]
+    return f"{flags} {train_flags(PT['condenser'], keys)}"
+
+
+def pretrain_corpus_flags(wildcards):
+    queries = "".join(
+        f" --queries {shlex.quote(p)}" for p in qac_queries_input(wildcards)
+    )
+    keys = [
+        "span_min",
+        "span_max",
+        "batch_size",
+        "chunk_size",
+        "contrastive_only",
+        "mlm_probability",
+        "learning_rate",
+        "weight_decay",
+        "warmup_ratio",
+        "epochs",
+        "max_steps",
+    ]
+    return (
+        f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}"
+        f" {train_flags(PT['cocondenser'], keys)}{queries}"
+    )
+
+
+def pmi_corpus_input(wildcards):
+    """The texts whose n-grams are counted: a collection's passages, or the generic corpus file."""
+    if wildcards.corpus == "pretrain":
+        return generic_corpus_input(wildcards)
+    return [f"{RESULTS}/{wildcards.corpus}/passages.parquet"]
+
+
+def pmi_count_flags(wildcards):
+    p = PT["pmi"]
+    if wildcards.corpus == "pretrain":
+        source = PT["generic_corpus"]["source"]
+    else:
+        source = "passages"
+    flags = f"--corpus {source} --shards {p['shards']} --max-n {p['max_n']} --max-distinct {p['max_distinct']}"
+    for path in pmi_corpus_input(wildcards):
+        flags += f" --corpus-path {shlex.quote(path)}"
+    return flags
+
+
+def pmi_count_mem_mb(wildcards):
+    """Counting holds up to max_distinct entries of 16 bytes, twice while combining, plus a batch."""
+    return 1000 + 32 * PT["pmi"]["max_distinct"] // 2**20
+
+
+def pmi_shard_files(wildcards):
+    return [
+        f"{RESULTS}/{wildcards.corpus}/pmi/counts/{s}.parquet"
+        for s in range(PT["pmi"]["shards"])
+    ]
+
+
+def _mae_pmi(wildcards, corpus):
+    """CDMAE's n-gram statistics of the corpus pre-trained on; the other MAEs need none."""
+    if mae_variant(wildcards) != "cdmae":
+        return []
+    return [f"{RESULTS}/{corpus}/pmi/ngram_counts.parquet"]
+
+
+def mae_generic_pmi(wildcards):
+    return _mae_pmi(wildcards, "pretrain")
+
+
+def mae_corpus_pmi(wildcards):
+    return _mae_pmi(wildcards, wildcards.collection)
+
+
+def mae_variant(wildcards):
+    """The MAE a pre-training job trains: its generic ({mae}) or corpus ({mae_method}) wildcard;
+    qac-cotmae is CoT-MAE with query contexts."""
+    if "mae" in wildcards.keys():
+        return wildcards.mae
+    return QAC_METHODS.get(wildcards.mae_method, wildcards.mae_method)
+
+
+def mae_generic_model(wildcards):
+    return f"{RESULTS}/pretrain/{mae_variant(wildcards)}/generic/model"
+
+
+def qac_queries_input(wildcards):
+    """A query-as-context method's doc2query queries; none for the other methods."""
+    method = wildcards.get("cocondenser") or wildcards.get("mae_method")
+    if method not in QAC_METHODS:
+        return []
+    return [f"{RESULTS}/{wildcards.collection}/doc2query/generated_queries.parquet"]
+
+
+def mae_generic_flags(wildcards):
+    return mae_flags(wildcards, "generic")
+
+
+def mae_corpus_flags(wildcards):
+    return mae_flags(wildcards, "corpus")
+
+
+def mae_flags(wildcards, phase):
+    """Flags of a pretrain_mae job: shared MAE settings, the method's decoder mask ratio, the
+    phase's budget and (generic phase) the corpus."""
+    m = PT["mae"]
+    flags = [
+        f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}",
+        f"--p-dec {m['p_dec'][mae_variant(wildcards)]}",
+        train_flags(
+            m,
+            [
+                "p_enc",
+                "sigma",
+                "n_decoder_layers",
+                "use_projection",
+                "max_length",
+                "span_min",
+                "span_max",
+                "context",
+                "batch_size",
+                "learning_rate",
+                "weight_decay",
+                "warmup_ratio",
+            ],
+        ),
+        train_flags(m[phase], ["epochs", "max_steps"]),
+    ]
+    pmi = (
+        mae_generic_pmi(wildcards) if phase == "generic" else mae_corpus_pmi(wildcards)
+    )
+    for path in pmi:
+        flags.append(f"--pmi {shlex.quote(path)}")
+    for path in qac_queries_input(wildcards) if phase == "corpus" else []:
+        flags.append(f"--queries {shlex.quote(path)}")
+    if phase == "generic":
+        corpus = PT["generic_corpus"]
+        flags.append(f"--corpus {corpus['source']}")
+        if corpus["path"]:
+            flags.append(f"--corpus-path {shlex.quote(corpus['path'])}")
+    return " ".join(flags)
+
+
+def pretrain_contriever_flags(wildcards):
+    keys = [
+        "negatives",
+        "pairs",
+        "queue_size",
+        "momentum",
+        "temperature",
+        "ratio_min",
+        "ratio_max",
+        "max_doc_tokens",
+        "p_delete",
+        "p_replace",
+        "p_mask",
+        "batch_size",
+        "learning_rate",
+        "weight_decay",
+        "warmup_ratio",
+        "epochs",
+        "max_steps",
+    ]
+    return f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']} {train_flags(PT['contriever'], keys)}"
+
+
 rule pretrain_generic:
     input:
         code=stage_code("pretrain_generic"),

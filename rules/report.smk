@@ -2,6 +2,71 @@
 # and pages (report/*.rst hold their captions).
 
 
+def report_results_dir(wildcards, output):
+    """The results folder (the report pages live in its report/ subfolder)."""
+    return os.path.dirname(os.path.dirname(output.html))
+
+
+def nb_recall_files():
+    return [
+        f"{RESULTS}/{c}/{m}/seed-{s}/nb_recall.parquet"
+        for c in config["collections"]
+        for m in config["methods"]
+        for s in finetune_seeds()
+    ]
+
+
+def pretrained_models(collection, method):
+    """Every pre-training model folder of a method (stage one and two), for the loss curves."""
+    if method == "condenser":
+        return [f"{RESULTS}/pretrain/condenser/generic/model"]
+    if method in ("cocondenser", "qac-cocondenser"):
+        return [
+            f"{RESULTS}/pretrain/condenser/generic/model",
+            f"{RESULTS}/{collection}/{method}/pretrain/model",
+        ]
+    if method == "qac-cotmae":
+        return [
+            f"{RESULTS}/pretrain/cotmae/generic/model",
+            f"{RESULTS}/{collection}/{method}/pretrain/model",
+        ]
+    if method == "contriever":
+        return [f"{RESULTS}/{collection}/contriever/pretrain/model"]
+    if method in MAE_METHODS:
+        return [
+            f"{RESULTS}/pretrain/{method}/generic/model",
+            f"{RESULTS}/{collection}/{method}/pretrain/model",
+        ]
+    return []
+
+
+def training_model_dirs():
+    """The model folder of every training stage of the run; each holds its train_log.csv."""
+    dirs = []
+    for c in config["collections"]:
+        for m in config["methods"]:
+            dirs += pretrained_models(c, m)
+            dirs += [
+                f"{RESULTS}/{c}/{m}/seed-{seed}/{s}/model"
+                for seed in finetune_seeds()
+                for s in STAGES
+            ]
+    return list(dict.fromkeys(dirs))
+
+
+def config_json():
+    return shlex.quote(json.dumps(config, sort_keys=True))
+
+
+def expected_metrics_file(wildcards):
+    path = config["evaluation"]["expected"]
+    if not path:
+        raise ValueError(
+            "evaluation.expected is not set: name a file of expected metrics to check against"
+        )
+    return path
+
+
 rule report_results:
     input:
         code=stage_code("report_results"),

@@ -2,6 +2,46 @@
 # evaluation run, and scoring training candidates as soft labels for the distilled retriever.
 
 
+def reranker_init():
+    return FT["reranker"]["init"] or config["model"]["init"]
+
+
+def reranker_pooling():
+    """The cross-encoder head's pooling: as configured, else the pooling model.init was trained
+    with when the reranker starts from it (mean for all-MiniLM-L6-v2), else BERT's [CLS] pooler.
+    """
+    r = FT["reranker"]
+    if r["pooling"]:
+        return r["pooling"]
+    return config["model"]["zeroshot_pooling"] if not r["init"] else "cls"
+
+
+def reranker_flags(wildcards):
+    r = FT["reranker"]
+    return (
+        f"--pooling {reranker_pooling()}"
+        + optim_flags(r)
+        + f" --max-length {r['max_length']} --head-learning-rate {r['head_learning_rate']}"
+        + f" --seed {wildcards.seed} --checkpoint-every {FT['checkpoint_every']}"
+    )
+
+
+def train_reranker_mem_mb(wildcards):
+    return _train_resources(FT["reranker"], wildcards.collection)[0]
+
+
+def train_reranker_runtime(wildcards):
+    return _train_resources(FT["reranker"], wildcards.collection)[1]
+
+
+def rerank_runtime(wildcards):
+    """K3 pairs per query; the evaluation queries are at most a tenth of the training ones here."""
+    pairs = FT["reranker"]["depth"] * max(
+        1000, train_queries_estimate(wildcards.collection) // 10
+    )
+    return int(15 + pairs / ENCODE_PER_S / 60)
+
+
 rule train_reranker:
     input:
         code=stage_code("train_reranker"),

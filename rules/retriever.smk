@@ -4,6 +4,139 @@
 # the off-the-shelf encoders in results/<collection>/<method>/zeroshot/.
 
 
+def pretrained_encoder(wildcards):
+    """The pre-trained encoder folder of a method (an input of its retrievers); none for method none."""
+    if wildcards.method == "condenser":
+        return [f"{RESULTS}/pretrain/condenser/generic/model"]
+    if wildcards.method in CORPUS_PRETRAINED:
+        return [f"{RESULTS}/{wildcards.collection}/{wildcards.method}/pretrain/model"]
+    return []
+
+
+def method_init(wildcards):
+    """The checkpoint a method's fine-tuning starts from (method none: model.init itself)."""
+    encoder = pretrained_encoder(wildcards)
+    return encoder[0] if encoder else config["model"]["init"]
+
+
+def shards():
+    return list(range(FT["encode_shards"]))
+
+
+def method_pooling(method):
+    return METHOD_POOLING.get(method, FT["pooling"])
+
+
+def encoder_inputs(wildcards):
+    """The trained model folder of a retriever; for a zeroshot row, the method's pre-trained
+    encoder (none for the initial model off the shelf)."""
+    if wildcards.retriever == "zeroshot":
+        return pretrained_encoder(wildcards)
+    return f"{RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}/model"
+
+
+def run_tag(wildcards):
+    """The TREC run tag of a dense run: method, seed and stage, e.g. none-seed-13-r2."""
+    return "-".join([wildcards.method, *Path(wildcards.retriever).parts])
+
+
+def encoder_flags(wildcards):
+    if wildcards.retriever == "zeroshot":
+        if wildcards.method == "none":
+            return f"--model {config['model']['init']} --pooling {config['model']['zeroshot_pooling']}"
+        return f"--model {method_init(wildcards)} --pooling {method_pooling(wildcards.method)}"
+    return f"--model {RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}/model"
+
+
+def embedding_shards(wildcards):
+    base = f"{RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}"
+    return [f"{base}/embeddings/shard_{s}.parquet" for s in shards()]
+
+
+def train_depth():
+    """Training-query runs feed mining (K2) and the reranker (K3)."""
+    return max(FT["mining_depth"], FT["reranker"]["depth"])
+
+
+def retriever_inputs(wildcards):
+    """The pre-trained encoder, negative pools (and teacher scores) of each trained retriever."""
+    base = f"{RESULTS}/{wildcards.collection}"
+    method = f"{base}/{wildcards.method}/seed-{wildcards.seed}"
+    out = {}
+    if pretrained_encoder(wildcards):
+        out["encoder"] = pretrained_encoder(wildcards)[0]
+    if wildcards.trained == "r1":
+        out["negatives"] = f"{base}/bm25/negatives.parquet"
+    elif wildcards.trained == "r2":
+        out["negatives"] = f"{method}/r1/negatives.parquet"
+        if FT["r2_bm25_fraction"] > 0:
+            out["extra"] = f"{base}/bm25/negatives.parquet"
+    else:
+        out["negatives"] = f"{method}/r2/negatives.parquet"
+        out["teacher"] = f"{method}/rerank/teacher_scores.parquet"
+    return out
+
+
+def retriever_flags(wildcards):
+    """Hyper-parameters of one trained retriever (distillation has its own section)."""
+    inputs = retriever_inputs(wildcards)
+    common = (
+        f"--pooling {method_pooling(wildcards.method)} --shared {str(FT['shared_encoder']).lower()}"
+        f" --seed {wildcards.seed}"
+        f" --max-query-length {FT['max_query_length']} --max-passage-length {FT['max_passage_length']}"
+        f" --checkpoint-every {FT['checkpoint_every']}"
+    )
+    if wildcards.trained == "distill":
+        d = FT["distill"]
+        flags = (
+            f" --teacher {inputs['teacher']} --alpha {d['alpha']} --direction {d['direction']}"
+            f" --temperature {d['temperature']}"
+        )
+    else:
+        d = FT["retriever"]
+        flags = f" --temperature {d['temperature']}"
+        if "extra" in inputs:
+            flags += f" --extra-negatives {inputs['extra']} --extra-fraction {FT['r2_bm25_fraction']}"
+    return f"{common}{flags}{optim_flags(d)}"
+
+
+def mining_depth(wildcards):
+    return FT["mining_depth"] if wildcards.trained == "r1" else FT["reranker"]["depth"]
+
+
+def encode_mem_mb(wildcards):
+    per_shard = passages_estimate(wildcards.collection) // FT["encode_shards"] + 1
+    return int(3000 + 3 * per_shard * EMBED_BYTES / 2**20)
+
+
+def encode_runtime(wildcards):
+    per_shard = passages_estimate(wildcards.collection) // FT["encode_shards"] + 1
+    return int(15 + per_shard / ENCODE_PER_S / 60)
+
+
+def search_mem_mb(wildcards):
+    """The whole flat index is held at once (queries are searched in batches)."""
+    return int(
+        3000 + 1.5 * passages_estimate(wildcards.collection) * EMBED_BYTES / 2**20
+    )
+
+
+def search_runtime(wildcards):
+    return int(15 + passages_estimate(wildcards.collection) / 200_000)
+
+
+def retriever_section(wildcards):
+    return FT["distill"] if wildcards.trained == "distill" else FT["retriever"]
+
+
+def train_retriever_mem_mb(wildcards):
+    return _train_resources(retriever_section(wildcards), wildcards.collection)[0]
+
+
+def train_retriever_runtime(wildcards):
+    return _train_resources(retriever_section(wildcards), wildcards.collection)[1]
+
+
 rule train_retriever:
     input:
         unpack(retriever_inputs),

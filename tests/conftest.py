@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dprflow.schemas import write_table
+from dprflow.data.schemas import write_table
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dprflow import bm25
+from dprflow.search import bm25
 
 # Words chosen to pass Anserini's analyzer unchanged or with a known Porter stem, so that document
 # lengths (indexed tokens, stop words excluded) are known by hand; all lengths are < 40, which

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dprflow.collections.beir import CollectionError, load_beir
-from dprflow.schemas import read_table, write_table
+from dprflow.data.collections.beir import CollectionError, load_beir
+from dprflow.data.schemas import read_table, write_table
 
 ROOT = Path(__file__).resolve().parents[1]
 # shared/ sits beside the checkout (or inside it); the real collections are optional.

@@ -18,8 +18,8 @@ from ir_datasets.datasets.base import Dataset  # noqa: E402
 from ir_datasets.formats import TrecQrels, TsvDocs, TsvQueries  # noqa: E402
 from ir_datasets.util import LocalDownload  # noqa: E402
 
-from dprflow.collections.beir import CollectionError  # noqa: E402
-from dprflow.collections.irds import doc_fields, infer_split, load_ir_datasets, query_text_field  # noqa: E402
+from dprflow.data.collections.beir import CollectionError  # noqa: E402
+from dprflow.data.collections.irds import doc_fields, infer_split, load_ir_datasets, query_text_field  # noqa: E402
 
 
 class TitleDoc(NamedTuple):  # like dpr-w100 and BEIR documents

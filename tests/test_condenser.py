@@ -9,8 +9,7 @@ import pytest
 import torch
 from transformers import AutoModel, BertConfig, BertForMaskedLM, BertModel
 
-from dprflow.masking import mask_tokens, special_tokens_mask
-from dprflow.modeling.condenser import (
+from dprflow.pretraining.condenser.model import (
     HEAD_CONFIG,
     HEAD_DIR,
     Condenser,
@@ -18,6 +17,7 @@ from dprflow.modeling.condenser import (
     cocondenser_contrastive_loss,
     cocondenser_loss,
 )
+from dprflow.pretraining.masking import mask_tokens, special_tokens_mask
 
 TINY = dict(vocab_size=100, hidden_size=16, num_hidden_layers=4, num_attention_heads=2, intermediate_size=32)
 PAD, CLS, SEP, MASK = 0, 1, 2, 3
@@ -160,7 +160,7 @@ def test_mlm_head_comes_from_the_checkpoint(model, tmp_path):
 def test_from_a_plain_encoder_without_mlm_head(tmp_path, caplog):
     torch.manual_seed(0)
     BertModel(BertConfig(**TINY)).save_pretrained(tmp_path / "plain")
-    with caplog.at_level(logging.INFO, logger="dprflow.modeling.condenser"):
+    with caplog.at_level(logging.INFO, logger="dprflow.pretraining.backbone"):
         model = Condenser.from_pretrained(tmp_path / "plain", CondenserConfig(n_early=1, n_head_layers=1))
     assert "W starts random" in caplog.text
     assert model.config.n_early == 1 and len(model.head) == 1

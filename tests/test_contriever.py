@@ -14,15 +14,15 @@ from conftest import kill_then_resume, save_tiny_bert
 from safetensors.torch import load_file
 from transformers import AutoModel
 
-from dprflow.contriever_data import PairMaker, crop_pair, ict_pair, random_crop
+from dprflow.data.schemas import write_table
 from dprflow.model_init import load_tokenizer
-from dprflow.modeling.contriever import (
+from dprflow.pretraining.contriever.data import PairMaker, crop_pair, ict_pair, random_crop
+from dprflow.pretraining.contriever.model import (
     Contriever,
     ContrieverConfig,
     inbatch_infonce,
     moco_infonce,
 )
-from dprflow.schemas import write_table
 from dprflow.stages import pretrain_contriever
 
 

@@ -13,8 +13,8 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from dprflow import distributed
-from dprflow.losses import contrastive_loss, distillation_loss
+from dprflow.finetuning.losses import contrastive_loss, distillation_loss
+from dprflow.training import distributed
 
 WORLD = 2
 B_LOCAL, G, D_IN, H = 2, 3, 6, 5  # per-rank queries, group size, input and embedding sizes

@@ -14,7 +14,8 @@ import torch
 from conftest import kill_then_resume, save_tiny_bert
 from safetensors.torch import load_file
 
-from dprflow.doc2query import (
+from dprflow.data.schemas import read_table, write_table
+from dprflow.pretraining.query_as_context.doc2query import (
     EvalLeakageError,
     KeyedNucleusSampler,
     QueryGenerator,
@@ -22,7 +23,6 @@ from dprflow.doc2query import (
     check_no_eval_leakage,
     split_by_query,
 )
-from dprflow.schemas import read_table, write_table
 from dprflow.stages import doc2query as doc2query_stage
 from dprflow.stages import train_doc2query
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dprflow.collections.embedded import (
+from dprflow.data.collections.embedded import (
     COUNT_KEYS,
     build_embedded,
     query_id_for,
@@ -17,7 +17,7 @@ from dprflow.collections.embedded import (
     split_summary,
     stdlib_version,
 )
-from dprflow.schemas import read_table, write_table
+from dprflow.data.schemas import read_table, write_table
 
 BOMB = '''
 """A module that must never be imported: importing it leaves a marker and exits."""

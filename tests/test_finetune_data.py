@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dprflow.finetune_data import TrainingQuery, build_training_queries, sample_group
-from dprflow.reranking import rerank_run
+from dprflow.finetuning.examples import TrainingQuery, build_training_queries, sample_group
+from dprflow.finetuning.reranking import rerank_run
 
 
 def test_groups_start_with_a_positive_and_never_sample_positives_as_negatives():

@@ -5,14 +5,14 @@ import pytest
 import torch
 from transformers import BertConfig, BertForMaskedLM
 
-from dprflow.gradcache import ChunkLoss, gradcache_step, split_batch
-from dprflow.masking import IGNORE_INDEX, mask_tokens, special_tokens_mask
-from dprflow.modeling.condenser import (
+from dprflow.pretraining.condenser.model import (
     Condenser,
     cocondenser_contrastive_loss,
-    cocondenser_gradcache_step,
     cocondenser_loss,
 )
+from dprflow.pretraining.masking import IGNORE_INDEX, mask_tokens, special_tokens_mask
+from dprflow.training.gradcache import ChunkLoss, gradcache_step, split_batch
+from dprflow.training.steps import cocondenser_gradcache_step
 
 TINY = dict(vocab_size=100, hidden_size=16, num_hidden_layers=4, num_attention_heads=2, intermediate_size=32)
 PAD, CLS, SEP, MASK = 0, 1, 2, 3

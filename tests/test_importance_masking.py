@@ -1,4 +1,4 @@
-"""CDMAE importance-aware masking and uniform random masking (dprflow.importance_masking)."""
+"""CDMAE importance-aware masking and uniform random masking (dprflow.pretraining.mae.importance_masking)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dprflow import importance_masking as im
+from dprflow.pretraining.mae import importance_masking as im
 
 VOCAB, CLS, SEP, PAD, MASK = 30522, 101, 102, 0, 103
 

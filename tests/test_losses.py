@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dprflow.losses import (
+from dprflow.finetuning.losses import (
     contrastive_loss,
     distill_kl,
     distillation_loss,

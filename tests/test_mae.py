@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel, BertConfig, BertForMaskedLM, BertModel
 
-from dprflow.masking import mask_tokens, special_tokens_mask
-from dprflow.modeling.mae import DECODER_CONFIG, DECODER_DIR, BottleneckedMAE, MAEConfig
+from dprflow.pretraining.mae.model import DECODER_CONFIG, DECODER_DIR, BottleneckedMAE, MAEConfig
+from dprflow.pretraining.masking import mask_tokens, special_tokens_mask
 
 TINY = dict(vocab_size=100, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64)
 PAD, CLS, SEP, MASK = 0, 1, 2, 3
@@ -201,7 +201,7 @@ def test_context_decoder_of_another_length_and_gradients(model):
 def test_from_a_plain_encoder_without_mlm_head(tmp_path, caplog):
     torch.manual_seed(0)
     BertModel(BertConfig(**TINY)).save_pretrained(tmp_path / "plain")
-    with caplog.at_level(logging.INFO, logger="dprflow.modeling.condenser"):
+    with caplog.at_level(logging.INFO, logger="dprflow.pretraining.backbone"):
         model = BottleneckedMAE.from_pretrained(tmp_path / "plain", MAEConfig(n_decoder_layers=1))
     assert "W starts random" in caplog.text
     assert len(model.decoder) == 1

@@ -1,5 +1,5 @@
 """The masked auto-encoder stages on a tiny random BERT: n-gram counting in shards (pmi_count, pmi),
-BMAE/CDMAE/CoT-MAE batches (dprflow.mae_data), both pre-training phases, resume after a kill."""
+BMAE/CDMAE/CoT-MAE batches (dprflow.pretraining.mae.data), both pre-training phases, resume after a kill."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ from conftest import kill_then_resume, save_tiny_bert
 from safetensors.torch import load_file
 from transformers import AutoModel
 
-from dprflow import pmi
-from dprflow.mae_data import (
+from dprflow.data.schemas import read_table, write_table
+from dprflow.model_init import load_tokenizer
+from dprflow.pretraining.mae import pmi
+from dprflow.pretraining.mae.data import (
     TokenText,
     chunk_texts,
     mae_batch,
     sample_anchor_context,
     tokenize_with_importance,
 )
-from dprflow.model_init import load_tokenizer
-from dprflow.schemas import read_table, write_table
 from dprflow.stages import pmi as pmi_stage
 from dprflow.stages import pmi_count, pretrain_mae
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from dprflow.masking import (
+from dprflow.pretraining.masking import (
     IGNORE_INDEX,
     generator_from,
     mask_tokens,

@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import AutoModel, BertConfig, BertModel
 
-from dprflow.modeling.biencoder import BiEncoder, pool
-from dprflow.modeling.cross_encoder import CrossEncoder
+from dprflow.finetuning.biencoder import BiEncoder, pool
+from dprflow.finetuning.cross_encoder import CrossEncoder
 
 TINY = dict(vocab_size=100, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
 INPUTS = {
@@ -114,7 +114,7 @@ def test_biencoder_trains_and_freezes_the_unused_pooler():
 
 def test_cross_encoder_from_plain_encoder_logs_new_head_and_round_trips(tmp_path, caplog):
     tiny_bert().save_pretrained(tmp_path / "encoder")
-    with caplog.at_level(logging.WARNING, logger="dprflow.modeling.cross_encoder"):
+    with caplog.at_level(logging.WARNING, logger="dprflow.finetuning.cross_encoder"):
         reranker = CrossEncoder.from_pretrained(tmp_path / "encoder").eval()
     assert "initialised at random" in caplog.text and "classifier.weight" in caplog.text
     assert set(reranker.new_parameter_names) == {"model.classifier.weight", "model.classifier.bias"}
@@ -127,7 +127,7 @@ def test_cross_encoder_from_plain_encoder_logs_new_head_and_round_trips(tmp_path
         "pooling": "cls",
     }
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="dprflow.modeling.cross_encoder"):
+    with caplog.at_level(logging.WARNING, logger="dprflow.finetuning.cross_encoder"):
         loaded = CrossEncoder.from_pretrained(tmp_path / "reranker").eval()
     assert "initialised at random" not in caplog.text and loaded.new_parameter_names == ()
     with torch.no_grad():

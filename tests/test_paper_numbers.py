@@ -1,4 +1,4 @@
-"""The published numbers in ``dprflow/data/paper_numbers.csv``: shape, vocabularies, and spot checks.
+"""The published numbers in ``dprflow/evaluation/paper_numbers.csv``: shape, vocabularies, and spot checks.
 
 The spot-checked values were read off the papers' tables (see the ``table`` column); a failing
 spot check means the file drifted from what the paper prints.
@@ -47,7 +47,7 @@ METRICS = {"RR@10", "R@50", "R@100", "R@1000", "nDCG@10"} | QA_METRICS
 
 @pytest.fixture(scope="module")
 def numbers() -> pd.DataFrame:
-    path = files("dprflow") / "data" / "paper_numbers.csv"
+    path = files("dprflow") / "evaluation" / "paper_numbers.csv"
     return pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"note": str})
 
 

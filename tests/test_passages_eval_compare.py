@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from dprflow.compare import build_comparison, holm, to_markdown
-from dprflow.evaluation import evaluate_run, passage_run_to_doc_run
-from dprflow.passages import group_sentences, split_documents, split_sentences
-from dprflow.runs import negatives_from_run, positive_passages
+from dprflow.data.passages import group_sentences, split_documents, split_sentences
+from dprflow.evaluation.compare import build_comparison, holm, to_markdown
+from dprflow.evaluation.metrics import evaluate_run, passage_run_to_doc_run
+from dprflow.search.runs import negatives_from_run, positive_passages
 
 
 def words(texts):
@@ -189,7 +189,7 @@ def test_seeded_rows_pair_only_the_seeds_they_share():
 
 
 def test_papers_figures_beside_ours():
-    from dprflow.compare import beside_papers, paper_numbers, papers_markdown
+    from dprflow.evaluation.compare import beside_papers, paper_numbers, papers_markdown
 
     papers = paper_numbers()
     ours = pd.DataFrame(
@@ -235,7 +235,7 @@ def test_reference_rows_come_first_whatever_the_methods():
 def test_compare_stage_gathers_seed_folders(tmp_path):
     """The compare stage reads results/<collection>/<method>/seed-<seed>/<stage>/metrics.parquet
     into one row per method and stage: the mean and sample standard deviation over the seeds."""
-    from dprflow.schemas import write_table
+    from dprflow.data.schemas import write_table
     from dprflow.stages import compare
 
     results = tmp_path / "results"

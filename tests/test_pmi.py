@@ -1,4 +1,4 @@
-"""N-gram counting and CDMAE's AMI token importance (dprflow.pmi)."""
+"""N-gram counting and CDMAE's AMI token importance (dprflow.pretraining.mae.pmi)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dprflow import pmi, schemas
+from dprflow.data import schemas
+from dprflow.pretraining.mae import pmi
 
 # The schema this module asks schemas.py for (see the report); tests add it if it is not there yet.
 

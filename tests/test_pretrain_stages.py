@@ -13,8 +13,9 @@ from conftest import kill_then_resume, save_tiny_bert
 from safetensors.torch import load_file
 from transformers import AutoModel
 
-from dprflow.pretrain_data import sample_spans, wordpiece_word_ids
-from dprflow.schemas import write_table
+from dprflow.data.schemas import write_table
+from dprflow.pretraining.condenser.data import sample_spans
+from dprflow.pretraining.masking import wordpiece_word_ids
 from dprflow.stages import pretrain_corpus, pretrain_generic
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import json
 import pandas as pd
 
 from dprflow import provenance
-from dprflow.schemas import write_table
+from dprflow.data.schemas import write_table
 from dprflow.stages import pmi_count
 
 

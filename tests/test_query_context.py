@@ -9,9 +9,9 @@ import pytest
 from conftest import save_tiny_bert
 from transformers import AutoModel
 
-from dprflow import query_context
+from dprflow.data.schemas import write_table
 from dprflow.model_init import load_tokenizer
-from dprflow.schemas import write_table
+from dprflow.pretraining.query_as_context import pairs as query_context
 from dprflow.stages import pretrain_corpus, pretrain_mae
 
 WORDS = ["wing", "lift", "flow", "plate", "heat", "shock", "wave", "layer", "speed", "drag"]

@@ -16,8 +16,8 @@ import pytest
 import yaml
 from matplotlib.image import imread
 
-from dprflow import plots, report
-from dprflow.compare import to_markdown
+from dprflow.evaluation import plots, report
+from dprflow.evaluation.compare import to_markdown
 from dprflow.stages import check
 
 ROOT = Path(__file__).resolve().parents[1]

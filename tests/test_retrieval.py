@@ -1,4 +1,4 @@
-"""Unit tests of dprflow.retrieval: encoding order and padding invariance, exact search, shards, nb-recall."""
+"""Unit tests of dprflow.search.dense: encoding order and padding invariance, exact search, shards, nb-recall."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from dprflow.retrieval import (
+from dprflow.data.schemas import read_table, write_table
+from dprflow.search.dense import (
     FlatIndex,
     encode_texts,
     iter_search_run,
@@ -23,7 +24,6 @@ from dprflow.retrieval import (
     search_to_run,
     write_embeddings,
 )
-from dprflow.schemas import read_table, write_table
 
 
 def _minilm_dir() -> Path | None:

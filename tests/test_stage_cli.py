@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dprflow.schemas import read_table
+from dprflow.data.schemas import read_table
 from dprflow.stages import compare, evaluate, ingest, split_passages
 
 
@@ -115,7 +115,7 @@ def test_evaluate_and_compare_end_to_end(tiny_collection, tmp_path):
             "n_tokens": 1,
         }
     )
-    from dprflow.schemas import write_table
+    from dprflow.data.schemas import write_table
 
     write_table(passages, d / "passages.parquet", "passages")
     results = tmp_path / "results"

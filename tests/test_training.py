@@ -14,7 +14,7 @@ import torch
 from conftest import save_tiny_bert
 from safetensors.torch import load_file
 
-from dprflow.schemas import write_table
+from dprflow.data.schemas import write_table
 from dprflow.stages import train_retriever
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,7 +169,7 @@ def test_no_usable_query_is_an_error(train_data, tiny_init, capsys):
 
 
 def test_new_weights_get_their_own_learning_rate():
-    from dprflow.training import TrainArgs, parameter_groups
+    from dprflow.training.trainer import TrainArgs, parameter_groups
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3), torch.nn.Linear(3, 1))
     model.new_parameter_names = ("2.weight", "2.bias")

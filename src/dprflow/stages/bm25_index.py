@@ -6,9 +6,9 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from dprflow import bm25
 from dprflow.cli import run_stage
-from dprflow.schemas import read_table
+from dprflow.data.schemas import read_table
+from dprflow.search import bm25
 
 log = logging.getLogger("dprflow.bm25_index")
 

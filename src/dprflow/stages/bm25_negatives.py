@@ -6,10 +6,10 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from dprflow import bm25
 from dprflow.cli import run_stage
-from dprflow.runs import negatives_from_run, positive_passages
-from dprflow.schemas import read_table, write_table
+from dprflow.data.schemas import read_table, write_table
+from dprflow.search import bm25
+from dprflow.search.runs import negatives_from_run, positive_passages
 from dprflow.stages.bm25_search import split_queries
 
 log = logging.getLogger("dprflow.bm25_negatives")

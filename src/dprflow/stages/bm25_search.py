@@ -6,10 +6,10 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from dprflow import bm25
 from dprflow.cli import StageError, run_stage
-from dprflow.runs import write_run
-from dprflow.schemas import read_table
+from dprflow.data.schemas import read_table
+from dprflow.search import bm25
+from dprflow.search.runs import write_run
 
 log = logging.getLogger("dprflow.bm25_search")
 

@@ -23,7 +23,7 @@ import pandas as pd
 import yaml
 
 from dprflow.cli import StageError, run_stage
-from dprflow.schemas import atomic_path
+from dprflow.data.schemas import atomic_path
 
 log = logging.getLogger("dprflow.check")
 

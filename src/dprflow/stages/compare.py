@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dprflow.cli import StageError, run_stage
-from dprflow.compare import build_comparison, to_markdown
-from dprflow.schemas import atomic_path, read_table
+from dprflow.data.schemas import atomic_path, read_table
+from dprflow.evaluation.compare import build_comparison, to_markdown
 
 log = logging.getLogger("dprflow.compare")
 

@@ -19,8 +19,8 @@ import pandas as pd
 import torch
 
 from dprflow.cli import StageError, run_stage
-from dprflow.doc2query import QueryGenerator, generator_inputs
-from dprflow.schemas import read_table, write_table
+from dprflow.data.schemas import read_table, write_table
+from dprflow.pretraining.query_as_context.doc2query import QueryGenerator, generator_inputs
 
 log = logging.getLogger("dprflow.doc2query")
 

@@ -10,10 +10,10 @@ import numpy as np
 import torch
 
 from dprflow.cli import StageError, run_stage
-from dprflow.finetune_data import passage_texts
-from dprflow.modeling.biencoder import BiEncoder, load_tokenizer
-from dprflow.retrieval import encode_texts, write_embeddings
-from dprflow.schemas import read_table
+from dprflow.data.schemas import read_table
+from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer
+from dprflow.finetuning.examples import passage_texts
+from dprflow.search.dense import encode_texts, write_embeddings
 
 log = logging.getLogger("dprflow.encode_corpus")
 

@@ -7,8 +7,8 @@ import sys
 from dataclasses import dataclass, field
 
 from dprflow.cli import StageError, run_stage
-from dprflow.evaluation import evaluate_run, passage_run_to_doc_run
-from dprflow.schemas import read_table, write_table
+from dprflow.data.schemas import read_table, write_table
+from dprflow.evaluation.metrics import evaluate_run, passage_run_to_doc_run
 
 log = logging.getLogger("dprflow.evaluate")
 

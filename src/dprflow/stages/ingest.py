@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dprflow.cli import StageError, run_stage
-from dprflow.collections import Collection
-from dprflow.schemas import write_table
+from dprflow.data.collections import Collection
+from dprflow.data.schemas import write_table
 
 log = logging.getLogger("dprflow.ingest")
 
@@ -56,16 +56,16 @@ def check_collection(col: Collection, where: str) -> None:
 
 def load(args: Args) -> tuple[Collection, str]:
     if args.source == "embedded":
-        from dprflow.collections.embedded import build_embedded
+        from dprflow.data.collections.embedded import build_embedded
 
         return build_embedded(
             max_documents=args.max_documents, split_percent=tuple(args.split_percent)
         ), f"embedded (Python {sys.version.split()[0]} stdlib)"
     if args.source == "beir":
-        from dprflow.collections.beir import load_beir
+        from dprflow.data.collections.beir import load_beir
 
         return load_beir(args.path), args.path
-    from dprflow.collections.irds import load_ir_datasets
+    from dprflow.data.collections.irds import load_ir_datasets
 
     return load_ir_datasets(json.loads(args.ir_datasets)), args.ir_datasets
 

@@ -7,8 +7,8 @@ import sys
 from dataclasses import dataclass, field
 
 from dprflow.cli import run_stage
-from dprflow.runs import negatives_from_run, positive_passages
-from dprflow.schemas import read_table, write_table
+from dprflow.data.schemas import read_table, write_table
+from dprflow.search.runs import negatives_from_run, positive_passages
 
 log = logging.getLogger("dprflow.mine_negatives")
 

@@ -8,8 +8,8 @@ import sys
 from dataclasses import dataclass, field
 
 from dprflow.cli import run_stage
-from dprflow.retrieval import nb_recall_table
-from dprflow.schemas import read_table, write_table
+from dprflow.data.schemas import read_table, write_table
+from dprflow.search.dense import nb_recall_table
 
 log = logging.getLogger("dprflow.nb_recall")
 

@@ -2,9 +2,9 @@
 
 The result (``ngram_counts`` Parquet: per-order totals and the count of every n-gram, n >= 2
 pruned below ``min_count`` once, here) is the compact table CDMAE's importance-aware masking reads:
-:func:`dprflow.pmi.token_importance` turns it into each token's AMI (CDMAE eq. 7-8) when a
+:func:`dprflow.pretraining.mae.pmi.token_importance` turns it into each token's AMI (CDMAE eq. 7-8) when a
 pre-training stage builds its batches. Merging copies each shard into memory-mapped arrays and
-combines them key range by key range (:func:`dprflow.pmi.merge_files`), so memory is bounded by
+combines them key range by key range (:func:`dprflow.pretraining.mae.pmi.merge_files`), so memory is bounded by
 the result, not by the shards.
 """
 
@@ -14,9 +14,9 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from dprflow import pmi
 from dprflow.cli import run_stage
-from dprflow.schemas import write_table
+from dprflow.data.schemas import write_table
+from dprflow.pretraining.mae import pmi
 
 log = logging.getLogger("dprflow.pmi")
 

@@ -2,7 +2,7 @@
 
 CDMAE §3.2 estimates token importance from corpus n-gram statistics. The corpus (a collection's
 passages, or the generic corpus of stage one) is cut into ``shards`` contiguous ranges of texts;
-each shard is one job, counted by streaming (:func:`dprflow.pmi.count_shard`) with memory bounded
+each shard is one job, counted by streaming (:func:`dprflow.pretraining.mae.pmi.count_shard`) with memory bounded
 by ``max_distinct``, not by the corpus. Stage ``pmi`` merges the shards; counts are never pruned
 here, so one shard or many give identical statistics.
 """
@@ -13,10 +13,10 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from dprflow import pmi
 from dprflow.cli import run_stage
-from dprflow.pretrain_data import GENERIC_SOURCES, generic_texts
-from dprflow.schemas import write_table
+from dprflow.data.schemas import write_table
+from dprflow.pretraining.corpus import GENERIC_SOURCES, generic_texts
+from dprflow.pretraining.mae import pmi
 
 log = logging.getLogger("dprflow.pmi_count")
 

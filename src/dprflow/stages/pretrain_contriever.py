@@ -3,7 +3,7 @@
 Each step holds ``batch_size`` documents of the collection (its passages joined by ``doc_id``,
 cut to the first ``max_doc_tokens`` tokens) and makes one positive pair of each: two independent
 random crops (``--pairs crop``) or a span and the rest of the document (``--pairs ict``), each
-view perturbed by token deletion / replacement / masking (:mod:`dprflow.contriever_data`).
+view perturbed by token deletion / replacement / masking (:mod:`dprflow.pretraining.contriever.data`).
 The loss is InfoNCE over mean-pooled embeddings with temperature 0.05 (§3.1.1) against the
 other keys of the batch (``--negatives inbatch``, SimCLR) or against a queue of keys from a
 momentum encoder (``--negatives moco``, the paper's choice; §3.1.3).
@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 import torch
 
 from dprflow.cli import StageError, run_stage
-from dprflow.contriever_data import PAIR_MODES, PairMaker
 from dprflow.model_init import load_tokenizer
-from dprflow.modeling.contriever import NEGATIVE_MODES, Contriever, ContrieverConfig
-from dprflow.pretrain_data import read_passages_documents
-from dprflow.training import OptimArgs, set_seed, train_and_save
+from dprflow.pretraining.contriever.data import PAIR_MODES, PairMaker
+from dprflow.pretraining.contriever.model import NEGATIVE_MODES, Contriever, ContrieverConfig
+from dprflow.pretraining.corpus import read_passages_documents
+from dprflow.training import distributed
+from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
 
 log = logging.getLogger("dprflow.pretrain_contriever")
 
@@ -141,7 +142,9 @@ def pretrain(args: Args) -> None:
 
     def step(m, batch):
         device = next(m.parameters()).device
-        return m(**{k: v.to(device) for k, v in batch.items()}).as_dict()
+        inputs = {k: v.to(device) for k, v in batch.items()}
+        # Every process's keys are negatives (and enter the queue): gathered with gradient.
+        return m(**inputs, gather=distributed.gather_with_grad, rank=distributed.get_rank()).as_dict()
 
     train_and_save(model, docs, maker.batch, step, Contriever, tokenizer, args, {"documents": counts})
 

@@ -18,17 +18,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dprflow import query_context
 from dprflow.cli import run_stage
 from dprflow.model_init import load_tokenizer
-from dprflow.modeling.condenser import (
-    Condenser,
-    CondenserConfig,
-    cocondenser_gradcache_step,
-    cocondenser_loss,
-)
-from dprflow.pretrain_data import mlm_batch, pair_batch, read_passages_documents
-from dprflow.training import OptimArgs, set_seed, train_and_save
+from dprflow.pretraining.condenser.data import mlm_batch, pair_batch
+from dprflow.pretraining.condenser.model import Condenser, CondenserConfig
+from dprflow.pretraining.corpus import read_passages_documents
+from dprflow.pretraining.query_as_context import pairs as query_context
+from dprflow.training.steps import cocondenser_step
+from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
 
 log = logging.getLogger("dprflow.pretrain_corpus")
 
@@ -91,13 +88,8 @@ def pretrain(args: Args) -> None:
 
     def step(m, batch, backward):
         device = next(m.parameters()).device
-        batch = {k: v.to(device) for k, v in batch.items()}
-        if args.chunk_size and args.chunk_size < len(batch["input_ids"]):
-            out = cocondenser_gradcache_step(m, batch, args.chunk_size, backward_fn=backward)
-        else:
-            out = cocondenser_loss(m, batch)
-            backward(out.loss)
-        return {k: v.detach() for k, v in out.as_dict().items()}
+        out = cocondenser_step(m, {k: v.to(device) for k, v in batch.items()}, args.chunk_size, backward)
+        return out.as_dict()
 
     train_and_save(
         model, docs, make_batch, step, Condenser, tokenizer, args, {"documents": counts}, manual_backward=True

@@ -16,9 +16,10 @@ import torch
 
 from dprflow.cli import StageError, run_stage
 from dprflow.model_init import load_tokenizer
-from dprflow.modeling.condenser import Condenser, CondenserConfig
-from dprflow.pretrain_data import GENERIC_SOURCES, chunk_tokens, generic_texts, mlm_batch, tokenize_documents
-from dprflow.training import OptimArgs, set_seed, train_and_save
+from dprflow.pretraining.condenser.data import mlm_batch
+from dprflow.pretraining.condenser.model import Condenser, CondenserConfig
+from dprflow.pretraining.corpus import GENERIC_SOURCES, chunk_tokens, generic_texts, tokenize_documents
+from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
 
 log = logging.getLogger("dprflow.pretrain_generic")
 

@@ -5,7 +5,7 @@ CDMAE pre-trains in two stages (Table 5): on a generic corpus from ``model.init`
 target corpus from the stage-one model (decoder, projection and MLM head restored). Both run this
 module; they differ in the corpus (``--corpus pydoc|jsonl`` or ``--corpus passages``) and the
 initial checkpoint. The loss is L = L_enc + L_dec (eq. 9; CoT-MAE: L_mlm + L_ctx-mlm), batches
-come from :mod:`dprflow.mae_data`, and the saved folder's encoder loads with
+come from :mod:`dprflow.pretraining.mae.data`, and the saved folder's encoder loads with
 ``AutoModel.from_pretrained`` (the decoder is kept in ``mae_decoder/`` for the next stage).
 
 With ``--queries`` (query-as-context §3.2, method ``qac-cotmae``) the decoder reconstructs one
@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dprflow import query_context
 from dprflow.cli import StageError, run_stage
-from dprflow.mae_data import (
+from dprflow.data.schemas import read_table
+from dprflow.model_init import load_tokenizer
+from dprflow.pretraining.corpus import GENERIC_SOURCES, generic_texts
+from dprflow.pretraining.mae.data import (
     CONTEXTS,
     VARIANTS,
     chunk_texts,
@@ -33,12 +35,10 @@ from dprflow.mae_data import (
     pair_mae_batch,
     tokenize_with_importance,
 )
-from dprflow.model_init import load_tokenizer
-from dprflow.modeling.mae import BottleneckedMAE, MAEConfig
-from dprflow.pmi import NgramCounts
-from dprflow.pretrain_data import GENERIC_SOURCES, generic_texts
-from dprflow.schemas import read_table
-from dprflow.training import OptimArgs, set_seed, train_and_save
+from dprflow.pretraining.mae.model import BottleneckedMAE, MAEConfig
+from dprflow.pretraining.mae.pmi import NgramCounts
+from dprflow.pretraining.query_as_context import pairs as query_context
+from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
 
 log = logging.getLogger("dprflow.pretrain_mae")
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from dprflow import plots, report
 from dprflow.cli import run_stage
-from dprflow.schemas import atomic_path, read_table
+from dprflow.data.schemas import atomic_path, read_table
+from dprflow.evaluation import plots, report
 
 log = logging.getLogger("dprflow.report_results")
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import torch
 
 from dprflow.cli import run_stage
-from dprflow.reranking import rerank_run, score_with_reranker
-from dprflow.runs import write_run
-from dprflow.schemas import read_table
+from dprflow.data.schemas import read_table
+from dprflow.finetuning.reranking import rerank_run, score_with_reranker
+from dprflow.search.runs import write_run
 
 log = logging.getLogger("dprflow.rerank")
 

@@ -13,9 +13,9 @@ import pandas as pd
 import torch
 
 from dprflow.cli import run_stage
-from dprflow.reranking import score_with_reranker
-from dprflow.runs import positive_passages
-from dprflow.schemas import read_table, write_table
+from dprflow.data.schemas import read_table, write_table
+from dprflow.finetuning.reranking import score_with_reranker
+from dprflow.search.runs import positive_passages
 
 log = logging.getLogger("dprflow.score_candidates")
 

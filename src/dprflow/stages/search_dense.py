@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 import torch
 
 from dprflow.cli import StageError, run_stage
-from dprflow.modeling.biencoder import BiEncoder, load_tokenizer
-from dprflow.retrieval import FlatIndex, encode_texts, search_to_run
-from dprflow.runs import write_run
-from dprflow.schemas import read_table
+from dprflow.data.schemas import read_table
+from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer
+from dprflow.search.dense import FlatIndex, encode_texts, search_to_run
+from dprflow.search.runs import write_run
 from dprflow.stages.encode_corpus import model_device
 
 log = logging.getLogger("dprflow.search_dense")

@@ -7,9 +7,9 @@ import sys
 from dataclasses import dataclass, field
 
 from dprflow.cli import StageError, run_stage
+from dprflow.data.passages import split_documents
+from dprflow.data.schemas import read_table, write_table
 from dprflow.model_init import load_tokenizer
-from dprflow.passages import split_documents
-from dprflow.schemas import read_table, write_table
 
 log = logging.getLogger("dprflow.split_passages")
 

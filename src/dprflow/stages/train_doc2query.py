@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from dprflow.cli import run_stage
-from dprflow.doc2query import (
+from dprflow.data.schemas import read_table
+from dprflow.pretraining.query_as_context.doc2query import (
     CONFIG_NAME,
     QueryGenerator,
     check_no_eval_leakage,
@@ -31,8 +32,7 @@ from dprflow.doc2query import (
     split_by_query,
     training_pairs,
 )
-from dprflow.schemas import read_table
-from dprflow.training import OptimArgs, set_seed, train_and_save
+from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
 
 log = logging.getLogger("dprflow.train_doc2query")
 

@@ -11,32 +11,20 @@ from dataclasses import dataclass, field
 import torch
 
 from dprflow.cli import run_stage
-from dprflow.finetune_data import build_training_queries, passage_texts, sample_group
-from dprflow.losses import listwise_ce
-from dprflow.modeling.biencoder import load_tokenizer
-from dprflow.modeling.cross_encoder import CrossEncoder
-from dprflow.schemas import read_table
-from dprflow.training import OptimArgs, set_seed, train_and_save
+from dprflow.finetuning.biencoder import load_tokenizer
+from dprflow.finetuning.cross_encoder import CrossEncoder
+from dprflow.finetuning.examples import GroupTrainingArgs, read_training_examples, sample_group
+from dprflow.finetuning.losses import listwise_ce
+from dprflow.training.trainer import set_seed, train_and_save
 
 log = logging.getLogger("dprflow.train_reranker")
 
 
 @dataclass(kw_only=True)
-class Args(OptimArgs):
+class Args(GroupTrainingArgs):
     """Fine-tune a cross-encoder reranker."""
 
-    init: str = field(metadata={"help": "initial checkpoint (reranker.init or model.init)"})
-    queries: str = field(metadata={"help": "queries.parquet"})
-    qrels: str = field(metadata={"help": "qrels.parquet"})
-    passages: str = field(metadata={"help": "passages.parquet"})
-    negatives: str = field(metadata={"help": "negatives.parquet (retriever 2, top K3)"})
-    out: str = field(metadata={"help": "model folder to write"})
-    checkpoint_dir: str = field(metadata={"help": "resumable checkpoints"})
-    split: str = field(default="train", metadata={"help": "training split"})
-    group_size: int = field(default=4, metadata={"help": "passages per query (1 positive)"})
     max_length: int = field(default=176, metadata={"help": "query + passage tokens"})
-    batch_size: int = field(default=8, metadata={"help": "queries per step"})
-    learning_rate: float = field(default=2e-5, metadata={"help": "AdamW peak learning rate"})
     pooling: str = field(
         default="cls",
         metadata={
@@ -52,15 +40,7 @@ def train(args: Args) -> None:
     tokenizer = load_tokenizer(args.init)
     set_seed(args.seed)  # the classification head's random initialisation
     model = CrossEncoder.from_pretrained(args.init, pooling=args.pooling)
-    passages = read_table(args.passages, "passages")
-    texts = passage_texts(passages, tokenizer.sep_token or "|")
-    items, counts = build_training_queries(
-        read_table(args.queries, "queries"),
-        args.split,
-        read_table(args.qrels, "qrels"),
-        passages,
-        read_table(args.negatives, "negatives"),
-    )
+    items, counts, texts = read_training_examples(args, tokenizer)
     G = args.group_size
 
     def make_batch(rng, batch_items):

@@ -14,29 +14,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dprflow import distributed
 from dprflow.cli import run_stage
-from dprflow.finetune_data import build_training_queries, passage_texts, sample_group
-from dprflow.losses import contrastive_loss, distillation_loss
-from dprflow.modeling.biencoder import BiEncoder, load_tokenizer
-from dprflow.schemas import read_table
-from dprflow.training import OptimArgs, train_and_save
+from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer
+from dprflow.finetuning.examples import GroupTrainingArgs, read_training_examples, sample_group
+from dprflow.finetuning.losses import contrastive_loss, distillation_loss
+from dprflow.training import distributed
+from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.train_retriever")
 
 
 @dataclass(kw_only=True)
-class Args(OptimArgs):
+class Args(GroupTrainingArgs):
     """Fine-tune a bi-encoder retriever."""
 
-    init: str = field(metadata={"help": "initial checkpoint (a pre-trained encoder or model.init)"})
-    queries: str = field(metadata={"help": "queries.parquet"})
-    qrels: str = field(metadata={"help": "qrels.parquet"})
-    passages: str = field(metadata={"help": "passages.parquet"})
-    negatives: str = field(metadata={"help": "negatives.parquet: each query's pool"})
-    out: str = field(metadata={"help": "model folder to write"})
-    checkpoint_dir: str = field(metadata={"help": "resumable checkpoints (kept across failures)"})
-    split: str = field(default="train", metadata={"help": "training query split"})
     extra_negatives: str | None = field(
         default=None, metadata={"help": "a second pool (BM25 for retriever 2)"}
     )
@@ -44,7 +35,6 @@ class Args(OptimArgs):
     teacher: str | None = field(default=None, metadata={"help": "reranker scores: distillation mode"})
     pooling: str = field(default="cls", metadata={"help": "cls or mean", "choices": ["cls", "mean"]})
     shared: bool = field(default=True, metadata={"help": "siamese towers"})
-    group_size: int = field(default=4, metadata={"help": "passages per query (1 positive)"})
     temperature: float = field(default=1.0, metadata={"help": "contrastive softmax temperature"})
     alpha: float = field(default=0.2, metadata={"help": "distillation: weight of the contrastive loss"})
     direction: str = field(
@@ -53,8 +43,6 @@ class Args(OptimArgs):
     )
     max_query_length: int = field(default=32, metadata={"help": "query tokens"})
     max_passage_length: int = field(default=144, metadata={"help": "passage tokens"})
-    batch_size: int = field(default=8, metadata={"help": "queries per step (all processes)"})
-    learning_rate: float = field(default=2e-5, metadata={"help": "AdamW peak learning rate"})
 
     def check(self) -> None:
         if self.group_size < 1 or (self.teacher and self.group_size < 2):
@@ -66,17 +54,7 @@ def train(args: Args) -> None:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.init)
     model = BiEncoder.from_pretrained(args.init, pooling=args.pooling, shared=args.shared)
-    passages = read_table(args.passages, "passages")
-    texts = passage_texts(passages, tokenizer.sep_token or "|")
-    items, counts = build_training_queries(
-        read_table(args.queries, "queries"),
-        args.split,
-        read_table(args.qrels, "qrels"),
-        passages,
-        read_table(args.negatives, "negatives"),
-        read_table(args.extra_negatives, "negatives") if args.extra_negatives else None,
-        read_table(args.teacher, "scores") if args.teacher else None,
-    )
+    items, counts, texts = read_training_examples(args, tokenizer, args.extra_negatives, args.teacher)
     G = args.group_size
 
     def make_batch(rng, batch_items):

@@ -1,0 +1,271 @@
+"""The comparison table: every system on every collection, beside the reference rows.
+
+Input is the per-query metric tables written by the ``evaluate`` stage, one per (collection,
+system). Output is a long table (``collection, system, metric, value, n_queries`` plus the
+significance columns) for programs, and a Markdown table for people.
+
+Seeds: a fine-tuned system evaluated once per seed is named ``<method>/seed-<seed>/<stage>``; its
+row in the table is ``<method>/<stage>``, with ``value`` the mean over seeds of the per-seed means,
+``std`` their sample standard deviation (n - 1; empty with one seed) and ``n_seeds``.
+
+Significance: each row is compared with each reference row (the configured baseline, BM25 by
+default, and the off-the-shelf model ``none/zeroshot``) by a two-sided paired t-test over the
+queries, per collection and metric. With seeds the pairs stay per query: each side's per-query
+value is its mean over the seeds both rows share (a row without seeds, such as BM25, has the same
+value for every seed), so a query's difference is the mean of its per-seed differences. The
+p-values of one (collection, metric, reference) family are corrected for multiple comparisons with
+Holm-Bonferroni, as PyTerrier's ``Experiment`` does with ``correction='holm'``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+STAGE_ORDER = ["zeroshot", "r1", "r2", "rerank", "distill"]
+ALPHA = 0.05
+
+
+def system_sort_key(system: str, methods: list[str]) -> tuple:
+    if system in ("bm25", "none/zeroshot"):  # the reference rows first
+        return (0, 0, 0, system)
+    method, _, stage = system.partition("/")
+    m = methods.index(method) if method in methods else len(methods)
+    s = STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER)
+    return (1, m, s, system)
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (NaN entries are left out and stay NaN)."""
+    idx = [i for i, p in enumerate(pvalues) if not math.isnan(p)]
+    order = sorted(idx, key=lambda i: pvalues[i])
+    m = len(order)
+    adjusted = [float("nan")] * len(pvalues)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def paired_ttest(a: pd.Series, b: pd.Series) -> float:
+    """Two-sided paired t-test p-value over the queries both have; NaN when undefined."""
+    joined = pd.concat([a, b], axis=1, join="inner").dropna()
+    if len(joined) < 2:
+        return float("nan")
+    diff = joined.iloc[:, 0] - joined.iloc[:, 1]
+    if np.allclose(diff, 0):
+        return 1.0
+    if np.allclose(diff, diff.iloc[0]):
+        return 0.0  # the same non-zero difference on every query: no variance, certainly different
+    return float(stats.ttest_rel(joined.iloc[:, 0], joined.iloc[:, 1]).pvalue)
+
+
+def split_seed(system: str) -> tuple[str, int | None]:
+    """``none/seed-13/r2`` -> (``none/r2``, 13); a system without a seed -> (system, None)."""
+    parts = system.split("/")
+    if len(parts) == 3 and parts[1].startswith("seed-") and parts[1][5:].isdigit():
+        return f"{parts[0]}/{parts[2]}", int(parts[1][5:])
+    return system, None
+
+
+def seed_matrix(by_seed: dict[int | None, pd.DataFrame], metric: str) -> pd.DataFrame:
+    """Per-query values of one metric, a column per seed (index query_id)."""
+    return pd.DataFrame(
+        {
+            seed: table[table["metric"] == metric].set_index("query_id")["value"]
+            for seed, table in by_seed.items()
+        }
+    )
+
+
+def paired_values(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """The per-query values the t-test pairs, from two :func:`seed_matrix` tables: each side's mean
+    over the seeds both rows have; a side without seeds (one column, seed None) counts as the same
+    values for every seed."""
+    if None not in a.columns and None not in b.columns:
+        common = [s for s in a.columns if s in b.columns]
+        if not common:
+            return pd.Series(dtype=float), pd.Series(dtype=float)
+        a, b = a[common], b[common]
+    return a.mean(axis=1, skipna=False), b.mean(axis=1, skipna=False)
+
+
+def build_comparison(per_query: dict[tuple[str, str], pd.DataFrame], references: list[str]) -> pd.DataFrame:
+    """Long table of aggregates and significance against each reference system.
+
+    ``per_query`` maps (collection, system) to a (query_id, metric, value) table; systems named
+    ``<method>/seed-<seed>/<stage>`` are gathered into one row ``<method>/<stage>`` (module
+    docstring). For each reference R, the columns ``p_<R>`` (Holm-adjusted p-value) and
+    ``delta_<R>`` (value minus R's) are added; they are NaN for R itself or when R is absent from
+    the collection.
+    """
+    grouped: dict[tuple[str, str], dict[int | None, pd.DataFrame]] = {}
+    for (collection, system), table in per_query.items():
+        name, seed = split_seed(system)
+        seeds = grouped.setdefault((collection, name), {})
+        if seed in seeds or (seeds and (seed is None) != (None in seeds)):
+            raise ValueError(f"{collection} {system}: the same row twice, or with and without a seed")
+        seeds[seed] = table
+    rows = []
+    matrices: dict[tuple[str, str, str], pd.DataFrame] = {}
+    for (collection, system), by_seed in grouped.items():
+        metrics = dict.fromkeys(m for t in by_seed.values() for m in t["metric"])
+        for metric in metrics:
+            values = matrices[(collection, system, metric)] = seed_matrix(by_seed, metric)
+            means = values.mean(axis=0)
+            std = float(means.std(ddof=1)) if len(means) > 1 else float("nan")
+            seeds = " ".join(str(s) for s in sorted(by_seed) if s is not None)
+            rows.append(
+                (
+                    collection,
+                    system,
+                    metric,
+                    float(means.mean()),
+                    std,
+                    len(means),
+                    seeds,
+                    int(values.index.nunique()),
+                )
+            )
+    out = pd.DataFrame(
+        rows, columns=["collection", "system", "metric", "value", "std", "n_seeds", "seeds", "n_queries"]
+    )
+    for ref in references:
+        key = ref.replace("/", "_")
+        out[f"delta_{key}"] = np.nan
+        out[f"p_{key}"] = np.nan
+        for (collection, metric), idx in out.groupby(["collection", "metric"]).groups.items():
+            ref_rows = [i for i in idx if out.at[i, "system"] == ref]
+            if not ref_rows:
+                continue
+            ref_value = float(out.at[ref_rows[0], "value"])
+            ref_matrix = matrices[(collection, ref, metric)]
+            raw, where = [], []
+            for i in idx:
+                system = out.at[i, "system"]
+                if system == ref:
+                    continue
+                a, b = paired_values(matrices[(collection, system, metric)], ref_matrix)
+                raw.append(paired_ttest(a, b))
+                where.append(i)
+                out.at[i, f"delta_{key}"] = out.at[i, "value"] - ref_value
+            for i, p in zip(where, holm(raw), strict=True):
+                out.at[i, f"p_{key}"] = p
+    return out
+
+
+def _marker(row: pd.Series, references: list[str], letters: dict[str, str]) -> str:
+    marks = []
+    for ref in references:
+        key = ref.replace("/", "_")
+        p = row.get(f"p_{key}", float("nan"))
+        if p == p and p < ALPHA:
+            marks.append(letters[ref] + ("↑" if row[f"delta_{key}"] > 0 else "↓"))
+    return (" " + " ".join(marks)) if marks else ""
+
+
+def to_markdown(table: pd.DataFrame, references: list[str], methods: list[str], metrics: list[str]) -> str:
+    """One row per system, one column per (collection, metric); significance markers in the cells."""
+    letters = {
+        ref: ("b" if ref == references[0] else "z" if ref.endswith("zeroshot") else f"r{i}")
+        for i, ref in enumerate(references)
+    }
+    collections = list(dict.fromkeys(table["collection"]))
+    metric_order = [m for m in metrics if m in set(table["metric"])]
+    systems = sorted(set(table["system"]), key=lambda s: system_sort_key(s, methods))
+    header = ["system"] + [f"{c} {m}" for c in collections for m in metric_order]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    indexed = table.set_index(["collection", "system", "metric"])
+    for system in systems:
+        cells = [system]
+        for c in collections:
+            for m in metric_order:
+                if (c, system, m) in indexed.index:
+                    row = indexed.loc[(c, system, m)]
+                    std = row.get("std", float("nan"))
+                    spread = f" ± {std:.4f}" if std == std else ""
+                    cells.append(f"{row['value']:.4f}{spread}{_marker(row, references, letters)}")
+                else:
+                    cells.append("–")
+        lines.append("| " + " | ".join(cells) + " |")
+    nq = table.groupby("collection")["n_queries"].max()
+    notes = [
+        "",
+        "Queries scored: " + ", ".join(f"{c}: {int(nq[c])}" for c in collections) + ".",
+    ]
+    if "n_seeds" in table and (table["n_seeds"] > 1).any():
+        seeds = sorted({s for v in table["seeds"].dropna() for s in str(v).split()}, key=int)
+        notes.append(
+            f"Fine-tuned rows: mean ± sample standard deviation over seeds {', '.join(seeds)} "
+            "(the pre-trained encoders are shared by all seeds); the t-test pairs each query's "
+            "values averaged over the seeds both rows have."
+        )
+    notes += [
+        "Markers: paired two-sided t-test over queries against a reference row, Holm-corrected per "
+        f"collection, metric and reference, p < {ALPHA}: "
+        + "; ".join(f"{letters[r]}↑/{letters[r]}↓ better/worse than {r}" for r in references)
+        + ".",
+    ]
+    return "\n".join(lines + notes) + "\n"
+
+
+def paper_numbers() -> pd.DataFrame:
+    """The papers' published figures (``src/dprflow/evaluation/paper_numbers.csv``)."""
+    from importlib import resources
+
+    with resources.files("dprflow").joinpath("evaluation/paper_numbers.csv").open() as fh:
+        return pd.read_csv(fh, keep_default_na=False)
+
+
+def beside_papers(table: pd.DataFrame, papers: pd.DataFrame, references: dict[str, str]) -> pd.DataFrame:
+    """Our value beside each published figure of the same evaluation set, method, stage and metric.
+
+    ``references`` maps a collection to the evaluation-set id the papers use (e.g.
+    ``msmarco-passage/dev``); only those collections are compared. Published rows without a
+    matching row of ours keep ``ours`` empty, so the table also shows what is not reproduced yet.
+    """
+    rows = []
+    ours = table.set_index(["collection", "system", "metric"])["value"]
+    for collection, reference in references.items():
+        for r in papers[papers["reference"] == reference].itertuples(index=False):
+            system = "bm25" if r.method == "bm25" else f"{r.method}/{r.stage}"
+            value = ours.get((collection, system, r.metric), float("nan"))
+            rows.append(
+                (
+                    collection,
+                    r.paper,
+                    r.table,
+                    system,
+                    r.metric,
+                    float(r.value),
+                    value,
+                    value - float(r.value),
+                )
+            )
+    return pd.DataFrame(
+        rows,
+        columns=["collection", "paper", "table", "system", "metric", "paper_value", "ours", "difference"],
+    )
+
+
+def papers_markdown(beside: pd.DataFrame) -> str:
+    if beside.empty:
+        return ""
+    lines = [
+        "",
+        "## Beside the papers",
+        "",
+        "| collection | paper | table | system | metric | paper | ours | difference |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in beside.itertuples(index=False):
+        ours = "–" if r.ours != r.ours else f"{r.ours:.4f}"
+        diff = "–" if r.difference != r.difference else f"{r.difference:+.4f}"
+        lines.append(
+            f"| {r.collection} | {r.paper} | {r.table} | {r.system} | {r.metric} | {r.paper_value:.4f} | {ours} | {diff} |"
+        )
+    return "\n".join(lines) + "\n"

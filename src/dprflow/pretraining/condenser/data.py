@@ -1,0 +1,84 @@
+"""The batches Condenser and coCondenser feed their losses.
+
+Condenser (stage ``pretrain_generic``, Condenser §3.3): ``[CLS] chunk [SEP]`` rows of the generic
+corpus with BERT masking (:func:`mlm_batch`).
+
+coCondenser (stage ``pretrain_corpus``, coCondenser §3.2): each batch draws, per document, two
+spans of a random length in ``[span_min, span_max]`` (cut to the document) at random positions
+(:func:`sample_spans`); rows ``2i`` and ``2i + 1`` are the two spans of document ``i``, masked for
+the MLM part of eq. 7 (:func:`pair_batch`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from dprflow.pretraining.masking import (
+    generator_from,
+    mask_tokens,
+    special_tokens_mask,
+    word_ids_tensor,
+    wordpiece_word_ids,
+)
+
+
+def sample_spans(
+    rng: np.random.Generator, ids: Sequence[int], span_min: int, span_max: int
+) -> list[list[int]]:
+    """Two random spans of one document (coCondenser section 3.2), each of length in [span_min, span_max]."""
+    spans = []
+    for _ in range(2):
+        length = int(rng.integers(span_min, min(span_max, len(ids)) + 1))
+        start = int(rng.integers(0, len(ids) - length + 1))
+        spans.append(list(ids[start : start + length]))
+    return spans
+
+
+def mlm_batch(
+    pieces: Sequence[Sequence[int]],
+    tokenizer,
+    rng: np.random.Generator,
+    mlm_probability: float = 0.15,
+    whole_word: bool = False,
+) -> dict[str, torch.Tensor]:
+    """``[CLS] piece [SEP]`` rows, padded, with BERT masking: input_ids, attention_mask, labels."""
+    rows = [[tokenizer.cls_token_id, *p, tokenizer.sep_token_id] for p in pieces]
+    length = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row)] = torch.tensor(row)
+        attention_mask[i, : len(row)] = 1
+    special = special_tokens_mask(input_ids, attention_mask, tokenizer.all_special_ids)
+    word_ids = None
+    if whole_word:
+        words = [[None, *wordpiece_word_ids(tokenizer.convert_ids_to_tokens(list(p))), None] for p in pieces]
+        word_ids = word_ids_tensor(words, length)
+    masked = mask_tokens(
+        input_ids,
+        special,
+        tokenizer.mask_token_id,
+        len(tokenizer),
+        generator_from(rng),
+        p=mlm_probability,
+        whole_word=whole_word,
+        word_ids=word_ids,
+    )
+    return {"input_ids": masked.input_ids, "attention_mask": attention_mask, "labels": masked.labels}
+
+
+def pair_batch(
+    docs: Sequence[Sequence[int]],
+    tokenizer,
+    rng: np.random.Generator,
+    span_min: int,
+    span_max: int,
+    mlm_probability: float = 0.15,
+    whole_word: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Rows ``2i`` and ``2i + 1`` are two spans of document ``i``, masked for MLM (coCondenser eq. 6-7)."""
+    spans = [span for ids in docs for span in sample_spans(rng, ids, span_min, span_max)]
+    return mlm_batch(spans, tokenizer, rng, mlm_probability, whole_word)

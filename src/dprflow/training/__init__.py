@@ -1,0 +1,10 @@
+"""Training machinery shared by every training stage.
+
+- :mod:`.trainer`: the Trainer (AdamW, warm-up and linear decay, batches fixed by seed and step,
+  resumable checkpoints, mixed precision) and ``train_and_save``;
+- :mod:`.gradcache`: full-batch gradients of a contrastive loss in chunks (coCondenser §3.3);
+- :mod:`.steps`: how a method's loss is stepped (whole, or with the gradient cache);
+- :mod:`.distributed`: process groups under torchrun and an exact gather with gradient.
+
+Model modules never import these; the stages and the trainer call the models.
+"""

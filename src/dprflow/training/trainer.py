@@ -1,0 +1,432 @@
+"""The training loop shared by every fine-tuning stage (retrievers, reranker, distillation).
+
+One code path for CPU and GPU, one process or several (``torchrun``): AdamW with a linear
+warm-up and decay, mixed precision on GPU (bf16 where supported, else fp16 with a scaler),
+a per-step loss log (``train_log.csv``), and resumable checkpoints.
+
+Determinism and resume. Batches are a pure function of ``(seed, epoch, step)``: the order of the
+training queries in an epoch comes from ``seed + epoch``, and each batch's sampling from a
+generator seeded by ``(seed, global step)``. A checkpoint holds the model, the optimizer, the
+schedule, the step and the torch random state (dropout), written every ``checkpoint_every``
+steps to a folder that Snakemake does not manage (so it survives a failed job). A rerun that
+finds a checkpoint made with the same arguments resumes at its step and, on the CPU, ends with
+the same weights as a run that was never interrupted. A checkpoint made with other arguments is
+ignored (and logged), never resumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import hashlib
+import inspect
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dprflow.training import distributed
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_PREFIX = "step-"
+# Tests set this to a step number to have the process killed (SIGKILL) right after that step.
+KILL_ENV = "DPRFLOW_KILL_AFTER_STEP"
+
+
+@dataclass
+class TrainArgs:
+    """Optimisation settings of one training stage."""
+
+    batch_size: int = 8  # queries per optimizer step, over all processes
+    learning_rate: float = 2e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    head_learning_rate: float = 0.0  # weights the model created at random (0: learning_rate)
+    epochs: int = 1
+    max_steps: int = 0  # 0: every epoch
+    seed: int = 13
+    checkpoint_every: int = 100
+    max_grad_norm: float = 1.0
+    precision: str = "auto"  # auto (bf16/fp16 on GPU, fp32 on CPU), fp32, bf16, fp16
+
+
+@dataclass(kw_only=True)
+class OptimArgs:
+    """The command-line arguments every training stage shares (stages subclass it)."""
+
+    batch_size: int = field(default=8, metadata={"help": "examples per optimizer step (all processes)"})
+    learning_rate: float = field(default=2e-5, metadata={"help": "AdamW peak learning rate"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
+    warmup_ratio: float = field(default=0.1, metadata={"help": "linear warm-up share"})
+    head_learning_rate: float = field(
+        default=0.0,
+        metadata={
+            "help": "peak learning rate of weights initialised at random (a new classification head); "
+            "0: learning_rate"
+        },
+    )
+    epochs: int = field(default=1, metadata={"help": "passes over the training examples"})
+    max_steps: int = field(default=0, metadata={"help": "stop after this many steps (0: all epochs)"})
+    seed: int = field(default=13, metadata={"help": "random seed"})
+    checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
+    precision: str = field(
+        default="auto",
+        metadata={"help": "auto, fp32, bf16, fp16", "choices": ["auto", "fp32", "bf16", "fp16"]},
+    )
+    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)"})
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def batch_rng(seed: int, step: int) -> np.random.Generator:
+    """The generator of one batch's sampling: independent of what ran before (resume-safe)."""
+    return np.random.default_rng([seed, step])
+
+
+def epoch_order(n_items: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([seed, 1_000_003 + epoch]).permutation(n_items)
+
+
+def total_steps(n_items: int, args: TrainArgs) -> int:
+    per_epoch = n_items // args.batch_size
+    if per_epoch == 0:
+        raise ValueError(f"{n_items} training queries are fewer than one batch of {args.batch_size}")
+    steps = per_epoch * args.epochs
+    return min(steps, args.max_steps) if args.max_steps else steps
+
+
+def fingerprint(payload: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def autocast_context(device: torch.device, precision: str):
+    if device.type != "cuda" or precision == "fp32":
+        return contextlib.nullcontext(), None
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    if dtype is None:  # auto
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
+    return torch.autocast("cuda", dtype=dtype), scaler
+
+
+def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    if not ckpt_dir.is_dir():
+        return None
+    done = [p for p in ckpt_dir.glob(CHECKPOINT_PREFIX + "*") if (p / "COMPLETE").exists()]
+    return max(done, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]), default=None)
+
+
+def parameter_groups(model: torch.nn.Module, args: TrainArgs) -> list[dict[str, Any]]:
+    """AdamW groups: no weight decay for biases and LayerNorm; with ``args.head_learning_rate``,
+    the weights named in ``model.new_parameter_names`` (those a loader initialised at random,
+    such as a cross-encoder's classification head) get their own peak learning rate. A random
+    head under the encoder's small fine-tuning rate barely moves in a short run; a larger rate
+    for the head alone lets it learn while the pre-trained weights stay close to their start."""
+    new_names = set(getattr(model, "new_parameter_names", ()) or ()) if args.head_learning_rate else set()
+    groups: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        no_decay = param.ndim < 2 or "LayerNorm" in name or "bias" in name
+        groups.setdefault((name in new_names, no_decay), []).append(param)
+    unknown = new_names - {n for n, _ in model.named_parameters()}
+    if unknown:
+        raise ValueError(f"new_parameter_names not in the model: {sorted(unknown)}")
+    out = []
+    for (is_new, no_decay), params in sorted(groups.items()):
+        group: dict[str, Any] = {"params": params, "weight_decay": 0.0 if no_decay else args.weight_decay}
+        if is_new:
+            group["lr"] = args.head_learning_rate
+        out.append(group)
+    return out
+
+
+class Trainer:
+    """Runs ``step_fn`` over batches with AdamW, a linear schedule, checkpoints and a loss log.
+
+    ``make_batch(rng, items) -> batch`` turns the training items of one (local) batch into model
+    inputs (``make_batch(rng, items, epoch)`` when it takes a third argument, the 0-based epoch); ``step_fn(model, batch) -> dict`` returns at least ``loss`` (a tensor to back-propagate)
+    and any other scalars to log. ``save_fn(model, out_dir)`` writes a model folder.
+
+    With ``manual_backward`` the step runs its own backward passes (a gradient cache does several):
+    it is called as ``step_fn(model, batch, backward)`` and must call ``backward(tensor)``, which
+    applies the fp16 loss scaling when there is one; its returned values are only logged.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        items: Sequence[Any],
+        make_batch: Callable[[np.random.Generator, list[Any]], Any],
+        step_fn: Callable[[torch.nn.Module, Any], dict[str, torch.Tensor]],
+        save_fn: Callable[[torch.nn.Module, Path], None],
+        args: TrainArgs,
+        checkpoint_dir: str | Path,
+        identity: dict[str, Any],
+        manual_backward: bool = False,
+    ) -> None:
+        self.dist = distributed.init_from_env()
+        self.manual_backward = manual_backward
+        self.args = args
+        self.items = list(items)
+        self.make_batch = make_batch
+        # make_batch(rng, items, epoch) when it asks for the epoch (a sampler that must draw a
+        # different candidate for an item in each epoch), else make_batch(rng, items).
+        self.batch_takes_epoch = len(inspect.signature(make_batch).parameters) >= 3
+        self.step_fn = step_fn
+        self.save_fn = save_fn
+        self.checkpoint_dir = Path(checkpoint_dir)
+        self.identity = fingerprint(
+            {"identity": identity, "args": asdict(args), "world": self.dist.world_size}
+        )
+        if args.batch_size % self.dist.world_size:
+            raise ValueError(
+                f"batch_size {args.batch_size} is not divisible by {self.dist.world_size} processes"
+            )
+        self.local_batch = args.batch_size // self.dist.world_size
+        self.steps = total_steps(len(self.items), args)
+        self.model = model.to(self.dist.device)
+        self.optimizer = torch.optim.AdamW(parameter_groups(self.model, args), lr=args.learning_rate)
+        warmup = int(self.steps * args.warmup_ratio)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: (
+                (s + 1) / max(1, warmup)
+                if s < warmup
+                else max(0.0, (self.steps - s) / max(1, self.steps - warmup))
+            ),
+        )
+        self.autocast, self.scaler = autocast_context(self.dist.device, args.precision)
+        self.ddp_model = self.model
+        if self.dist.world_size > 1:
+            device_ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
+            self.ddp_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids)
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def _save_checkpoint(self, step: int) -> None:
+        if not self.dist.is_main:
+            distributed.barrier()
+            return
+        final = self.checkpoint_dir / f"{CHECKPOINT_PREFIX}{step}"
+        tmp = self.checkpoint_dir / f".tmp-{CHECKPOINT_PREFIX}{step}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.save_fn(self.model, tmp / "model")
+        state = {
+            "step": step,
+            "identity": self.identity,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        }
+        torch.save(state, tmp / "trainer_state.pt")
+        (tmp / "COMPLETE").write_text(self.identity)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in self.checkpoint_dir.glob(CHECKPOINT_PREFIX + "*"):
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+        log.info("checkpoint at step %d: %s", step, final)
+        distributed.barrier()
+
+    def _resume(self, load_fn: Callable[[torch.nn.Module, Path], None]) -> int:
+        ckpt = latest_checkpoint(self.checkpoint_dir)
+        if ckpt is None:
+            return 0
+        if (ckpt / "COMPLETE").read_text() != self.identity:
+            log.warning("ignoring checkpoint %s: it was made with other arguments or data", ckpt)
+            return 0
+        state = torch.load(ckpt / "trainer_state.pt", map_location=self.dist.device, weights_only=False)
+        load_fn(self.model, ckpt / "model")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler and state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        log.info("resumed from %s at step %d of %d", ckpt, state["step"], self.steps)
+        return int(state["step"])
+
+    # -- the loop ---------------------------------------------------------------------------
+    def epoch_and_index(self, step: int) -> tuple[int, int]:
+        """The epoch of global step ``step`` (0-based) and the step's place in it."""
+        return divmod(step, len(self.items) // self.args.batch_size)
+
+    def local_items(self, step: int) -> list[Any]:
+        """The items of this process's share of global step ``step`` (0-based)."""
+        epoch, index = self.epoch_and_index(step)
+        order = epoch_order(len(self.items), self.args.seed, epoch)
+        start = index * self.args.batch_size + self.dist.rank * self.local_batch
+        return [self.items[i] for i in order[start : start + self.local_batch]]
+
+    def train(self, load_fn: Callable[[torch.nn.Module, Path], None], log_path: str | Path) -> list[dict]:
+        start = self._resume(load_fn)
+        set_seed(self.args.seed) if start == 0 else None
+        log_path = Path(log_path)
+        history: list[dict] = []
+        if start and log_path.exists():
+            with open(log_path) as fh:
+                history = [row for row in csv.DictReader(fh) if int(row["step"]) <= start]
+        self.model.train()
+        t0 = time.time()
+        for step in range(start, self.steps):
+            rng = batch_rng(self.args.seed, step)
+            # Every rank draws the whole global batch's randomness in the same order, then keeps
+            # its share, so the sampling does not depend on the number of processes.
+            items = self.local_items(step)
+            if self.batch_takes_epoch:
+                batch = self.make_batch(rng, items, self.epoch_and_index(step)[0])
+            else:
+                batch = self.make_batch(rng, items)
+            with self.autocast:
+                if self.manual_backward:
+                    out = self.step_fn(self.ddp_model, batch, self._backward)
+                else:
+                    out = self.step_fn(self.ddp_model, batch)
+            loss = out["loss"]
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"loss is {loss.item()} at step {step + 1}")
+            if not self.manual_backward:
+                self._backward(loss)
+            if self.scaler:
+                self.scaler.unscale_(self.optimizer)
+            if self.args.max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
+            if self.scaler:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            row = {"step": step + 1, "lr": self.scheduler.get_last_lr()[0]}
+            row.update(self._mean_over_ranks(out))
+            history.append(row)
+            if (step + 1) % 10 == 0 or step + 1 == self.steps:
+                rate = (step + 1 - start) / max(1e-9, time.time() - t0)
+                log.info("step %d/%d loss %.4f (%.2f steps/s)", step + 1, self.steps, row["loss"], rate)
+            if (step + 1) % self.args.checkpoint_every == 0 and step + 1 < self.steps:
+                self._write_log(history, log_path)
+                self._save_checkpoint(step + 1)
+            if os.environ.get(KILL_ENV) == str(step + 1):
+                # Fault injection for the resume tests: die like `kill -9`, with no clean-up.
+                os.kill(os.getpid(), signal.SIGKILL)
+        self._write_log(history, log_path)
+        return history
+
+    def _mean_over_ranks(self, out: dict[str, torch.Tensor]) -> dict[str, float]:
+        """The logged scalars, averaged over processes: with equal local batches the mean of the
+        ranks' losses is the full-batch loss, so the log reads the same for 1 or N processes."""
+        keys = list(out)
+        values = torch.stack([torch.as_tensor(out[k]).detach().float().reshape(()) for k in keys])
+        if self.dist.world_size > 1:
+            values = values.to(self.dist.device)
+            torch.distributed.all_reduce(values)
+            values /= self.dist.world_size
+        return dict(zip(keys, values.tolist(), strict=True))
+
+    def _backward(self, tensor: torch.Tensor) -> None:
+        (self.scaler.scale(tensor) if self.scaler else tensor).backward()
+
+    def _write_log(self, history: list[dict], path: Path) -> None:
+        if not self.dist.is_main or not history:
+            return
+        keys = list(dict.fromkeys(k for row in history for k in row))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(history)
+        os.replace(tmp, path)
+
+    def finish(self) -> None:
+        """Remove the checkpoints once the final model is written (the job succeeded)."""
+        if self.dist.is_main:
+            shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+        distributed.cleanup()
+
+
+def mean_of(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else math.nan
+
+
+# Stage arguments that describe where things go or how fast, not what is trained: they do not
+# enter the checkpoint identity, so moving the output or changing threads still resumes.
+NON_IDENTITY_ARGS = ("out", "checkpoint_dir", "threads", "training_queries")
+
+
+def train_args_from(args: Any) -> TrainArgs:
+    """The optimisation settings of a stage's argument dataclass (same field names)."""
+    return TrainArgs(**{f: getattr(args, f) for f in TrainArgs.__dataclass_fields__ if hasattr(args, f)})
+
+
+def train_and_save(
+    model: torch.nn.Module,
+    items: Sequence[Any],
+    make_batch: Callable[[np.random.Generator, list[Any]], Any],
+    step_fn: Callable[[torch.nn.Module, Any], dict[str, torch.Tensor]],
+    model_class: Any,
+    tokenizer: Any,
+    stage_args: Any,
+    extra_record: dict[str, Any],
+    manual_backward: bool = False,
+) -> None:
+    """Train with checkpoints in ``stage_args.checkpoint_dir``, then write the final model folder
+    ``stage_args.out`` atomically (model, tokenizer, ``training_args.json``, ``train_log.csv``)
+    and remove the checkpoints. ``model_class.from_pretrained`` reloads a checkpoint's model."""
+    record = {k: v for k, v in asdict(stage_args).items() if k != "threads"}
+    record.update(extra_record)
+
+    def save(m: torch.nn.Module, out_dir: Path) -> None:
+        m.save_pretrained(out_dir, tokenizer=tokenizer, extra=record)
+
+    def load(m: torch.nn.Module, ckpt_dir: Path) -> None:
+        m.load_state_dict(model_class.from_pretrained(ckpt_dir).state_dict())
+
+    identity = {k: v for k, v in record.items() if k not in NON_IDENTITY_ARGS}
+    checkpoint_dir = Path(stage_args.checkpoint_dir)
+    trainer = Trainer(
+        model,
+        items,
+        make_batch,
+        step_fn,
+        save,
+        train_args_from(stage_args),
+        checkpoint_dir,
+        identity,
+        manual_backward,
+    )
+    log_path = checkpoint_dir / "train_log.csv"
+    trainer.train(load, log_path)
+    out = Path(stage_args.out)
+    tmp = out.parent / f".{out.name}.tmp"
+    if trainer.dist.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        save(trainer.model, tmp)
+        (tmp / "training_args.json").write_text(
+            json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
+        )
+        shutil.copy(log_path, tmp / "train_log.csv")
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    trainer.finish()
