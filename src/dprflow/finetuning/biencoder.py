@@ -94,7 +94,8 @@ def encoder_settings(
     sentence-transformers configuration (:func:`dprflow.finetuning.st_format.read_st_settings`);
     else (a plain BERT or a pre-training checkpoint) ``cls`` and ``dot``. The temperature: a saved
     bi-encoder's, else :func:`dprflow.finetuning.st_format.default_temperature` of the similarity.
-    ``path`` may be a packaged model name; a hub id has no local configuration to read.
+    ``path`` may be a packaged model name; a hub id's configuration is not read (it would need a
+    download beside the weights): it gets ``cls`` and ``dot`` unless they are given, and says so.
     """
     local = Path(path).expanduser()
     if not local.is_dir():
@@ -112,6 +113,13 @@ def encoder_settings(
             st = st_format.read_st_settings(local)
             if st:
                 own, source = st, f"sentence-transformers configuration of {local}"
+    elif pooling is None or similarity is None:
+        log.warning(
+            "%s is not a local folder: its own sentence-transformers configuration is not read; "
+            "pooling and similarity left unset default to cls and dot (set model.pooling and "
+            "model.similarity, or finetune.*, for a model trained otherwise)",
+            path,
+        )
     given = {"pooling": pooling, "similarity": similarity, "temperature": temperature, "shared": shared}
     for name, value in given.items():
         if value is not None and name in own and own[name] != value:
