@@ -25,8 +25,11 @@ STAGES = ["r1", "r2", "rerank", "distill"]
 # Methods whose pre-trained encoder is a retriever as it is (Contriever's unsupervised setting):
 # they get a zeroshot row of their own beside none/zeroshot.
 ZEROSHOT_METHODS = ["contriever"]
-# The bi-encoder pooling each method was pre-trained with; the others use finetune.pooling.
-METHOD_POOLING = {"contriever": "mean"}
+# The pooling a method's pre-trained encoder was trained with where it is not the papers' [CLS]
+# vector (Contriever section 3: the mean of the tokens); the similarity is the dot product for
+# every pre-training method. Its folder carries no sentence-transformers configuration, so this is
+# the "initial model's own" geometry of that method's fine-tuning.
+PRETRAINED_POOLING = {"contriever": "mean"}
 
 
 wildcard_constraints:

@@ -24,6 +24,16 @@ def metrics_files():
     ]
 
 
+def encoder_files():
+    """The encoder.json of every dense row: the pooling and similarity the table shows."""
+    return [
+        f"{RESULTS}/{c}/{s}/encoder.json"
+        for c in config["collections"]
+        for s in systems()
+        if s != "bm25" and not s.endswith("/rerank")
+    ]
+
+
 rule evaluate:
     input:
         code=stage_code("evaluate"),
@@ -56,6 +66,7 @@ rule compare:
     input:
         code=stage_code("compare"),
         metrics=metrics_files(),
+        encoders=encoder_files(),
     output:
         md=f"{RESULTS}/compare.md",
         csv=f"{RESULTS}/compare.csv",
@@ -77,6 +88,7 @@ rule compare:
         paper_references=paper_references(),
     shell:
         "python -m dprflow.stages.compare --metrics-files {input.metrics} --results-dir {params.results}"
-        " --out-md {output.md} --out-csv {output.csv} --metrics {params.metrics}"
+        " --encoder-files {input.encoders} --out-md {output.md} --out-csv {output.csv}"
+        " --metrics {params.metrics}"
         " --methods {params.methods} --baseline {params.baseline}"
         " --paper-references {params.paper_references} > {log} 2>&1"

@@ -7,19 +7,20 @@ def reranker_init():
 
 
 def reranker_pooling():
-    """The cross-encoder head's pooling: as configured, else the pooling model.init was trained
-    with when the reranker starts from it (mean for all-MiniLM-L6-v2), else BERT's [CLS] pooler.
+    """The cross-encoder head's pooling: as configured, else model.pooling when the reranker
+    starts from model.init; None leaves the stage to take the initial model's own (its
+    sentence-transformers pooling: mean for all-MiniLM-L6-v2), else BERT's [CLS] pooler.
     """
     r = FT["reranker"]
-    if r["pooling"]:
-        return r["pooling"]
-    return config["model"]["zeroshot_pooling"] if not r["init"] else "cls"
+    return r["pooling"] or (None if r["init"] else config["model"]["pooling"])
 
 
 def reranker_flags(wildcards):
     r = FT["reranker"]
+    pooling = reranker_pooling()
     return (
-        f"--pooling {reranker_pooling()}"
+        (f"--pooling {pooling} " if pooling else "")
+        + f"--method {wildcards.method}"
         + optim_flags(r)
         + f" --max-length {r['max_length']} --head-learning-rate {r['head_learning_rate']}"
         + f" --seed {wildcards.seed} --checkpoint-every {FT['checkpoint_every']}"

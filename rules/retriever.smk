@@ -23,8 +23,27 @@ def shards():
     return list(range(FT["encode_shards"]))
 
 
-def method_pooling(method):
-    return METHOD_POOLING.get(method, FT["pooling"])
+def geometry_flags(pooling, similarity):
+    """--pooling/--similarity where set; a stage takes the model's own for those left out."""
+    flags = [
+        f"--{k} {v}" for k, v in (("pooling", pooling), ("similarity", similarity)) if v
+    ]
+    return "".join(f" {f}" for f in flags)
+
+
+def initial_geometry(method):
+    """(pooling, similarity) of a method's initial model where the config or the method fixes
+    them; None leaves the stage to read the model's own (model.init: its sentence-transformers
+    configuration, else cls and dot)."""
+    if method == "none":
+        return config["model"]["pooling"], config["model"]["similarity"]
+    return PRETRAINED_POOLING.get(method), None
+
+
+def finetune_geometry(method):
+    """Fine-tuning's pooling and similarity: finetune.* where set, else the initial model's own."""
+    pooling, similarity = initial_geometry(method)
+    return FT["pooling"] or pooling, FT["similarity"] or similarity
 
 
 def encoder_inputs(wildcards):
@@ -41,10 +60,12 @@ def run_tag(wildcards):
 
 
 def encoder_flags(wildcards):
+    """The encoder of a dense run: a zeroshot row's initial model as it ships (or as model.* says),
+    else the trained folder with the geometry it was trained with."""
     if wildcards.retriever == "zeroshot":
-        if wildcards.method == "none":
-            return f"--model {config['model']['init']} --pooling {config['model']['zeroshot_pooling']}"
-        return f"--model {method_init(wildcards)} --pooling {method_pooling(wildcards.method)}"
+        return f"--model {method_init(wildcards)}" + geometry_flags(
+            *initial_geometry(wildcards.method)
+        )
     return f"--model {RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}/model"
 
 
@@ -81,22 +102,24 @@ def retriever_flags(wildcards):
     """Hyper-parameters of one trained retriever (distillation has its own section)."""
     inputs = retriever_inputs(wildcards)
     common = (
-        f"--pooling {method_pooling(wildcards.method)} --shared {str(FT['shared_encoder']).lower()}"
-        f" --seed {wildcards.seed}"
+        f"--method {wildcards.method} --role {wildcards.trained}"
+        + geometry_flags(*finetune_geometry(wildcards.method))
+        + f" --shared {str(FT['shared_encoder']).lower()} --seed {wildcards.seed}"
         f" --max-query-length {FT['max_query_length']} --max-passage-length {FT['max_passage_length']}"
         f" --checkpoint-every {FT['checkpoint_every']}"
     )
     if wildcards.trained == "distill":
         d = FT["distill"]
-        flags = (
-            f" --teacher {inputs['teacher']} --alpha {d['alpha']} --direction {d['direction']}"
-            f" --temperature {d['temperature']}"
-        )
+        flags = f" --teacher {inputs['teacher']} --alpha {d['alpha']} --direction {d['direction']}"
     else:
         d = FT["retriever"]
-        flags = f" --temperature {d['temperature']}"
-        if "extra" in inputs:
-            flags += f" --extra-negatives {inputs['extra']} --extra-fraction {FT['r2_bm25_fraction']}"
+        flags = ""
+    if (
+        d["temperature"] is not None
+    ):  # null: the similarity's default (1 dot, 0.05 cosine)
+        flags += f" --temperature {d['temperature']}"
+    if "extra" in inputs:
+        flags += f" --extra-negatives {inputs['extra']} --extra-fraction {FT['r2_bm25_fraction']}"
     return f"{common}{flags}{optim_flags(d)}"
 
 
@@ -209,6 +232,7 @@ rule search_dense:
     output:
         run=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/run.parquet",
         trec=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/run.trec",
+        encoder=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/encoder.json",
         train_run=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/train_run.parquet",
     log:
         f"{LOGS}/{{collection}}/{{method}}/{{retriever}}/search_dense.log",
@@ -230,7 +254,7 @@ rule search_dense:
         tag=run_tag,
     shell:
         "python -m dprflow.stages.search_dense {params.encoder} --embeddings {input.embeddings}"
-        " --queries {input.queries} --out {output.run} --trec {output.trec}"
+        " --queries {input.queries} --out {output.run} --trec {output.trec} --encoder-out {output.encoder}"
         " --train-out {output.train_run} --eval-split {params.eval_split}"
         " --train-split {params.train_split} --depth {params.depth}"
         " --train-depth {params.train_depth} --max-length {params.max_length}"

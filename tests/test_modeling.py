@@ -44,7 +44,13 @@ def test_shared_biencoder_round_trip_loads_with_automodel(tmp_path):
     assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "config.json").is_file()
     saved = json.loads((tmp_path / "dprflow_encoder.json").read_text())
     extra = {"learning_rate": 2e-5, "out": str(tmp_path)}  # paths stored as strings
-    assert saved == {"pooling": "cls", "shared": True, "normalize": False, "extra": extra}
+    assert saved == {
+        "pooling": "cls",
+        "similarity": "dot",
+        "temperature": 1.0,
+        "shared": True,
+        "extra": extra,
+    }
 
     loaded = BiEncoder.from_pretrained(tmp_path).eval()
     assert loaded.shared
@@ -92,9 +98,9 @@ def test_from_plain_checkpoint_shared_or_copied(tmp_path):
 
 
 def test_saved_config_is_default_and_explicit_arguments_win(tmp_path):
-    BiEncoder(tiny_bert(), pooling="mean", normalize=True).save_pretrained(tmp_path)
+    BiEncoder(tiny_bert(), pooling="mean", similarity="cosine").save_pretrained(tmp_path)
     loaded = BiEncoder.from_pretrained(tmp_path).eval()
-    assert loaded.pooling == "mean" and loaded.normalize
+    assert loaded.pooling == "mean" and loaded.normalize and loaded.temperature == 0.05
     with torch.no_grad():
         assert torch.allclose(loaded.encode_query(**INPUTS).norm(dim=-1), torch.ones(2), atol=1e-5)
     assert BiEncoder.from_pretrained(tmp_path, pooling="cls").pooling == "cls"

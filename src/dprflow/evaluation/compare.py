@@ -168,8 +168,23 @@ def _marker(row: pd.Series, references: list[str], letters: dict[str, str]) -> s
     return (" " + " ".join(marks)) if marks else ""
 
 
+def encoder_label(table: pd.DataFrame, system: str) -> str:
+    """How a row scored: ``pooling, similarity`` of a dense row (its ``pooling`` and ``similarity``
+    columns), ``BM25``, or ``cross-encoder`` for a reranked row."""
+    rows = table[table["system"] == system]
+    pairs = rows[["pooling", "similarity"]].dropna().drop_duplicates()
+    if not pairs.empty:
+        return " / ".join(f"{p}, {s}" for p, s in pairs.itertuples(index=False))
+    if system == "bm25":
+        return "BM25"
+    return "cross-encoder" if system.endswith("/rerank") else "–"
+
+
 def to_markdown(table: pd.DataFrame, references: list[str], methods: list[str], metrics: list[str]) -> str:
-    """One row per system, one column per (collection, metric); significance markers in the cells."""
+    """One row per system, one column per (collection, metric); significance markers in the cells.
+
+    With ``pooling`` and ``similarity`` columns (the comparison stage adds them from each dense
+    run's ``encoder.json``) an ``encoder`` column says how each row embedded and scored."""
     letters = {
         ref: ("b" if ref == references[0] else "z" if ref.endswith("zeroshot") else f"r{i}")
         for i, ref in enumerate(references)
@@ -177,11 +192,16 @@ def to_markdown(table: pd.DataFrame, references: list[str], methods: list[str], 
     collections = list(dict.fromkeys(table["collection"]))
     metric_order = [m for m in metrics if m in set(table["metric"])]
     systems = sorted(set(table["system"]), key=lambda s: system_sort_key(s, methods))
-    header = ["system"] + [f"{c} {m}" for c in collections for m in metric_order]
+    geometry = {"pooling", "similarity"} <= set(table.columns)
+    header = (
+        ["system"]
+        + (["encoder"] if geometry else [])
+        + [f"{c} {m}" for c in collections for m in metric_order]
+    )
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     indexed = table.set_index(["collection", "system", "metric"])
     for system in systems:
-        cells = [system]
+        cells = [system] + ([encoder_label(table, system)] if geometry else [])
         for c in collections:
             for m in metric_order:
                 if (c, system, m) in indexed.index:

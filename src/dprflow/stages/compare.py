@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
+
 from dprflow.cli import StageError, run_stage
 from dprflow.data.schemas import atomic_path, read_table
-from dprflow.evaluation.compare import build_comparison, to_markdown
+from dprflow.evaluation.compare import build_comparison, split_seed, to_markdown
 
 log = logging.getLogger("dprflow.compare")
 
@@ -31,6 +34,13 @@ class Args:
     methods: list[str] = field(
         default_factory=lambda: ["none"], metadata={"help": "method order of the rows"}
     )
+    encoder_files: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "encoder.json files of the dense runs, as results/<collection>/<system>/encoder.json "
+            "(the pooling and similarity shown beside each row)"
+        },
+    )
     baseline: str = field(default="bm25", metadata={"help": "reference system of the significance tests"})
     paper_references: list[str] = field(
         default_factory=list,
@@ -40,14 +50,34 @@ class Args:
     )
 
 
-def system_of(path: Path, results_dir: Path) -> tuple[str, str]:
+def system_of(path: Path, results_dir: Path, name: str = "metrics.parquet") -> tuple[str, str]:
     try:
         parts = path.resolve().relative_to(results_dir.resolve()).parts
     except ValueError as exc:
         raise StageError(f"{path}: not under the results folder {results_dir}") from exc
-    if len(parts) < 3 or parts[-1] != "metrics.parquet":
-        raise StageError(f"{path}: expected <results>/<collection>/<system>/metrics.parquet")
+    if len(parts) < 3 or parts[-1] != name:
+        raise StageError(f"{path}: expected <results>/<collection>/<system>/{name}")
     return parts[0], "/".join(parts[1:-1])
+
+
+def read_geometry(paths: list[str], results_dir: Path) -> pd.DataFrame:
+    """``collection, system, pooling, similarity`` of each dense run's ``encoder.json``, systems
+    named as in the table (the seeds of a row gathered; seeds trained alike give one row)."""
+    rows = []
+    for path in paths:
+        collection, system = system_of(Path(path), results_dir, "encoder.json")
+        try:
+            record = json.loads(Path(path).read_text())
+            rows.append((collection, split_seed(system)[0], record["pooling"], record["similarity"]))
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise StageError(f"{path}: expected JSON with pooling and similarity ({exc})") from exc
+    frame = pd.DataFrame(rows, columns=["collection", "system", "pooling", "similarity"]).drop_duplicates()
+    twice = frame[frame.duplicated(["collection", "system"], keep=False)]
+    if not twice.empty:
+        raise StageError(
+            f"the seeds of {twice.iloc[0]['collection']} {twice.iloc[0]['system']} used different geometries"
+        )
+    return frame
 
 
 def compare(args: Args) -> None:
@@ -56,6 +86,10 @@ def compare(args: Args) -> None:
     references = [args.baseline] + [s for s in ("none/zeroshot",) if s != args.baseline]
     table = build_comparison(per_query, references)
     table = table[table["metric"].isin(args.metrics)]
+    if args.encoder_files:
+        table = table.merge(
+            read_geometry(args.encoder_files, results), on=["collection", "system"], how="left"
+        )
     with atomic_path(args.out_csv) as tmp:
         table.to_csv(tmp, index=False, float_format="%.6g")
     with atomic_path(args.out_md) as tmp:

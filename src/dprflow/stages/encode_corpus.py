@@ -13,9 +13,17 @@ from dprflow.cli import StageError, run_stage
 from dprflow.data.schemas import read_table
 from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer
 from dprflow.finetuning.examples import passage_texts
+from dprflow.finetuning.st_format import POOLINGS, SIMILARITIES
 from dprflow.search.dense import encode_texts, write_embeddings
 
 log = logging.getLogger("dprflow.encode_corpus")
+
+
+def geometry_field(what: str, choices: tuple[str, ...]):
+    """An optional flag overriding the model's own pooling or similarity (encode and search)."""
+    return field(
+        default=None, metadata={"help": f"override the model's own {what}", "choices": list(choices)}
+    )
 
 
 @dataclass
@@ -27,7 +35,8 @@ class Args:
     out: str = field(metadata={"help": "embeddings shard (Parquet) to write"})
     shard: int = field(default=0, metadata={"help": "this shard's index, from 0"})
     num_shards: int = field(default=1, metadata={"help": "number of shards"})
-    pooling: str | None = field(default=None, metadata={"help": "override the model's pooling (cls, mean)"})
+    pooling: str | None = geometry_field("pooling", POOLINGS)
+    similarity: str | None = geometry_field("similarity (cosine: unit vectors)", SIMILARITIES)
     max_length: int = field(default=144, metadata={"help": "passage tokens"})
     batch_size: int = field(default=64, metadata={"help": "passages per batch"})
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
@@ -57,7 +66,11 @@ def encode(args: Args) -> None:
         )
     tokenizer = load_tokenizer(args.model)
     device = model_device()
-    model = BiEncoder.from_pretrained(args.model, pooling=args.pooling).to(device).eval()
+    model = (
+        BiEncoder.from_pretrained(args.model, pooling=args.pooling, similarity=args.similarity)
+        .to(device)
+        .eval()
+    )
     texts = passage_texts(part, tokenizer.sep_token or "|")
     emb = encode_texts(
         [texts[p] for p in part["passage_id"]],
@@ -70,12 +83,14 @@ def encode(args: Args) -> None:
     )
     write_embeddings(args.out, part["passage_id"].tolist(), emb)
     log.info(
-        "shard %d/%d: %d passages, dimension %d, pooling %s",
+        "shard %d/%d: %d passages, dimension %d, %s pooling, %s similarity (%s)",
         args.shard,
         args.num_shards,
         len(part),
         emb.shape[1],
         model.pooling,
+        model.similarity,
+        model.source,
     )
 
 

@@ -1,7 +1,12 @@
-"""Stage ``search_dense``: exact inner-product search (faiss) of the evaluation and training queries."""
+"""Stage ``search_dense``: exact inner-product search (faiss) of the evaluation and training queries.
+
+With cosine similarity the corpus and query embeddings are unit vectors, so the inner product is
+the cosine. ``--encoder-out`` records the geometry the run used (shown in the comparison table).
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -9,11 +14,12 @@ from dataclasses import dataclass, field
 import torch
 
 from dprflow.cli import StageError, run_stage
-from dprflow.data.schemas import read_table
+from dprflow.data.schemas import atomic_path, read_table
 from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer
+from dprflow.finetuning.st_format import POOLINGS, SIMILARITIES
 from dprflow.search.dense import FlatIndex, encode_texts, search_to_run
 from dprflow.search.runs import write_run
-from dprflow.stages.encode_corpus import model_device
+from dprflow.stages.encode_corpus import geometry_field, model_device
 
 log = logging.getLogger("dprflow.search_dense")
 
@@ -32,7 +38,11 @@ class Args:
     train_split: str = field(default="train", metadata={"help": "training split"})
     depth: int = field(default=1000, metadata={"help": "hits per evaluation query"})
     train_depth: int = field(default=200, metadata={"help": "hits per training query"})
-    pooling: str | None = field(default=None, metadata={"help": "override the model's pooling (cls, mean)"})
+    encoder_out: str | None = field(
+        default=None, metadata={"help": "JSON file to write the pooling and similarity used into"}
+    )
+    pooling: str | None = geometry_field("pooling", POOLINGS)
+    similarity: str | None = geometry_field("similarity (cosine: unit vectors)", SIMILARITIES)
     max_length: int = field(default=32, metadata={"help": "query tokens"})
     batch_size: int = field(default=128, metadata={"help": "queries per encoding and search batch"})
     tag: str = field(default="dprflow", metadata={"help": "TREC run tag"})
@@ -45,7 +55,11 @@ def search(args: Args) -> None:
     index = FlatIndex.from_files(args.embeddings)
     tokenizer = load_tokenizer(args.model)
     device = model_device()
-    model = BiEncoder.from_pretrained(args.model, pooling=args.pooling).to(device).eval()
+    model = (
+        BiEncoder.from_pretrained(args.model, pooling=args.pooling, similarity=args.similarity)
+        .to(device)
+        .eval()
+    )
     queries = read_table(args.queries, "queries")
     for split, depth, out, trec in (
         (args.eval_split, args.depth, args.out, args.trec),
@@ -65,6 +79,15 @@ def search(args: Args) -> None:
         run = search_to_run(index, chosen["query_id"].tolist(), emb, depth, batch_size=args.batch_size)
         write_run(run, out, trec, tag=args.tag)
         log.info("split %s: %d queries, depth %d, %d rows", split, len(chosen), depth, len(run))
+    if args.encoder_out:
+        record = {
+            "model": args.model,
+            "pooling": model.pooling,
+            "similarity": model.similarity,
+            "source": model.source,
+        }
+        with atomic_path(args.encoder_out) as tmp:
+            tmp.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,13 +25,15 @@ class Args(GroupTrainingArgs):
     """Fine-tune a cross-encoder reranker."""
 
     max_length: int = field(default=176, metadata={"help": "query + passage tokens"})
-    pooling: str = field(
-        default="cls",
+    pooling: str | None = field(
+        default=None,
         metadata={
-            "help": "head on the pooler over [CLS] (cls) or on the mean of the tokens (mean)",
+            "help": "head on the pooler over [CLS] (cls) or on the mean of the tokens (mean); "
+            "default: the initial model's own pooling, else cls",
             "choices": ["cls", "mean"],
         },
     )
+    method: str | None = field(default=None, metadata={"help": "pre-training method, for the model card"})
 
 
 def train(args: Args) -> None:
@@ -40,6 +42,8 @@ def train(args: Args) -> None:
     tokenizer = load_tokenizer(args.init)
     set_seed(args.seed)  # the classification head's random initialisation
     model = CrossEncoder.from_pretrained(args.init, pooling=args.pooling)
+    args.pooling = model.pooling  # recorded as trained
+    log.info("head on %s pooling", model.pooling)
     items, counts, texts = read_training_examples(args, tokenizer)
     G = args.group_size
 

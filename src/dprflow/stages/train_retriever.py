@@ -33,9 +33,30 @@ class Args(GroupTrainingArgs):
     )
     extra_fraction: float = field(default=0.0, metadata={"help": "share of negatives from the second pool"})
     teacher: str | None = field(default=None, metadata={"help": "reranker scores: distillation mode"})
-    pooling: str = field(default="cls", metadata={"help": "cls or mean", "choices": ["cls", "mean"]})
+    pooling: str | None = field(
+        default=None,
+        metadata={
+            "help": "cls or mean (default: the initial model's own, else cls)",
+            "choices": ["cls", "mean"],
+        },
+    )
+    similarity: str | None = field(
+        default=None,
+        metadata={
+            "help": "dot or cosine (default: the initial model's own, else dot)",
+            "choices": ["dot", "cosine"],
+        },
+    )
+    temperature: float | None = field(
+        default=None,
+        metadata={"help": "contrastive softmax temperature (default: 1 for dot, 0.05 for cosine)"},
+    )
     shared: bool = field(default=True, metadata={"help": "siamese towers"})
-    temperature: float = field(default=1.0, metadata={"help": "contrastive softmax temperature"})
+    method: str | None = field(default=None, metadata={"help": "pre-training method, for the model card"})
+    role: str | None = field(
+        default=None,
+        metadata={"help": "r1, r2 or distill, for the model card", "choices": ["r1", "r2", "distill"]},
+    )
     alpha: float = field(default=0.2, metadata={"help": "distillation: weight of the contrastive loss"})
     direction: str = field(
         default="teacher_student",
@@ -47,13 +68,30 @@ class Args(GroupTrainingArgs):
     def check(self) -> None:
         if self.group_size < 1 or (self.teacher and self.group_size < 2):
             raise ValueError("--group-size must be >= 1 (>= 2 when distilling)")
+        if self.temperature is not None and not self.temperature > 0:
+            raise ValueError(f"--temperature must be > 0, got {self.temperature}")
 
 
 def train(args: Args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.init)
-    model = BiEncoder.from_pretrained(args.init, pooling=args.pooling, shared=args.shared)
+    model = BiEncoder.from_pretrained(
+        args.init,
+        pooling=args.pooling,
+        shared=args.shared,
+        similarity=args.similarity,
+        temperature=args.temperature,
+    )
+    # The resolved geometry is what was trained: record it with the arguments and in the model.
+    args.pooling, args.similarity, args.temperature = model.pooling, model.similarity, model.temperature
+    log.info(
+        "geometry: %s pooling, %s similarity, temperature %g (%s)",
+        args.pooling,
+        args.similarity,
+        args.temperature,
+        model.source,
+    )
     items, counts, texts = read_training_examples(args, tokenizer, args.extra_negatives, args.teacher)
     G = args.group_size
 
@@ -90,7 +128,7 @@ def train(args: Args) -> None:
         if teacher is None:
             return {
                 "loss": contrastive_loss(
-                    q, p_all, group_size=G, temperature=args.temperature, rank_offset=offset
+                    q, p_all, group_size=G, temperature=model.temperature, rank_offset=offset
                 )
             }
         out = distillation_loss(
@@ -99,7 +137,7 @@ def train(args: Args) -> None:
             teacher.to(device),
             group_size=G,
             alpha=args.alpha,
-            temperature=args.temperature,
+            temperature=model.temperature,
             direction=args.direction,
             rank_offset=offset,
         )
