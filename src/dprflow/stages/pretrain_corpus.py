@@ -4,7 +4,9 @@ Starts from the stage-one Condenser, head included. Each step holds ``batch_size
 the target corpus and two random spans of each; the loss is the contrastive loss of eq. 6 over
 the 2n late-CLS vectors (a span's positive is its sibling, every other span a negative, itself
 excluded) plus the Condenser MLM loss (eq. 7). With ``chunk_size`` below 2n the step runs with a
-gradient cache (eq. 8-12): the same gradients as the full batch, the memory of one chunk.
+gradient cache (eq. 8-12): the same gradients as the full batch, the memory of one chunk. With
+several processes (``gpu`` > 1) eq. 6 ranges over the global batch: the late-CLS vectors of every
+process are gathered (:mod:`dprflow.training.steps`), so each span has all 2n - 2 others as negatives.
 ``--contrastive-only`` drops the MLM terms (coCondenser Table 4's ablation). With ``--queries``
 (query-as-context §3.2, method ``qac-cocondenser``) the pair of a passage is the passage and one
 of its doc2query queries (a different candidate each epoch) instead of two spans.
