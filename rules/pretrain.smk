@@ -127,23 +127,24 @@ def mae_corpus_flags(wildcards):
 
 
 def mae_flags(wildcards, phase):
-    """Flags of a pretrain_mae job: shared MAE settings, the method's decoder mask ratio, the
-    phase's budget and (generic phase) the corpus."""
+    """Flags of a pretrain_mae job: shared MAE settings, the method's decoder mask ratio and
+    projection, the phase's budget and (generic phase) the corpus."""
     m = PT["mae"]
     flags = [
         f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}",
         f"--p-dec {m['p_dec'][mae_variant(wildcards)]}",
+        f"--use-projection {str(m['use_projection'][mae_variant(wildcards)]).lower()}",
         train_flags(
             m,
             [
                 "p_enc",
                 "sigma",
                 "n_decoder_layers",
-                "use_projection",
                 "max_length",
                 "span_min",
                 "span_max",
                 "context",
+                "directions",
                 "batch_size",
                 "learning_rate",
                 "weight_decay",
