@@ -178,6 +178,7 @@ def pretrain_contriever_flags(wildcards):
         "ratio_min",
         "ratio_max",
         "max_doc_tokens",
+        "documents",
         "p_delete",
         "p_replace",
         "p_mask",
