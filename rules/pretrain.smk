@@ -30,8 +30,12 @@ def pretrain_generic_flags(wildcards):
 
 
 def pretrain_corpus_flags(wildcards):
+    """Flags of a pretrain_corpus job; a query-as-context job also reads the generated queries
+    and its passages' length (query-as-context section 4.2: 144 tokens)."""
     queries = "".join(
-        f" --queries {shlex.quote(p)}" for p in qac_queries_input(wildcards)
+        f" --queries {shlex.quote(p)}"
+        f" --max-passage-tokens {PT['cocondenser']['qac_passage_tokens']}"
+        for p in qac_queries_input(wildcards)
     )
     keys = [
         "span_min",

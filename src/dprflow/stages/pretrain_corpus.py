@@ -56,6 +56,10 @@ class Args(OptimArgs):
         },
     )
     max_query_tokens: int = field(default=32, metadata={"help": "query-as-context: query length in tokens"})
+    max_passage_tokens: int = field(
+        default=144,
+        metadata={"help": "query-as-context: passage length in tokens (query-as-context 4.2: 144)"},
+    )
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW peak learning rate"})
 
     def check(self) -> None:
@@ -63,17 +67,22 @@ class Args(OptimArgs):
             raise ValueError("need 1 <= --span-min <= --span-max")
 
 
+def training_items(args: Args, tokenizer) -> tuple[list, dict[str, int]]:
+    """The documents (token ids) coCondenser samples span pairs from, or with ``--queries`` the
+    query-as-context items: passages of at most ``max_passage_tokens`` (query-as-context 4.1-4.2:
+    "no more than 144 consecutive tokens") with their generated queries."""
+    if args.queries:
+        return query_context.read_items(
+            args.passages, args.queries, tokenizer, args.max_passage_tokens, args.max_query_tokens
+        )
+    return read_passages_documents(args.passages, tokenizer, args.span_min)
+
+
 def pretrain(args: Args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.init)
-    if args.queries:
-        # The passage is cut like a span (span_max tokens) so both pair kinds see similar lengths.
-        docs, counts = query_context.read_items(
-            args.passages, args.queries, tokenizer, args.span_max, args.max_query_tokens
-        )
-    else:
-        docs, counts = read_passages_documents(args.passages, tokenizer, args.span_min)
+    docs, counts = training_items(args, tokenizer)
     set_seed(args.seed)
     weight = 0.0 if args.contrastive_only else 1.0
     config = CondenserConfig(head_weight=weight, backbone_weight=weight, temperature=args.temperature)
