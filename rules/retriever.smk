@@ -90,7 +90,7 @@ def retriever_flags(wildcards):
         d = FT["distill"]
         flags = (
             f" --teacher {inputs['teacher']} --alpha {d['alpha']} --direction {d['direction']}"
-            f" --temperature {d['temperature']}"
+            f" --student-over {d['student_over']} --temperature {d['temperature']}"
         )
     else:
         d = FT["retriever"]
