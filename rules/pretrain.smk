@@ -111,7 +111,31 @@ def mae_variant(wildcards):
 
 
 def mae_generic_model(wildcards):
+    """The generic stage's model, an input of the corpus stage; none when pretrain.mae.corpus_init
+    names the checkpoint to start from (CDMAE footnote 4: RetroMAE)."""
+    if PT["mae"]["corpus_init"]:
+        return []
     return f"{RESULTS}/pretrain/{mae_variant(wildcards)}/generic/model"
+
+
+def mae_corpus_init(wildcards):
+    return PT["mae"]["corpus_init"] or mae_generic_model(wildcards)
+
+
+def cocondenser_corpus(wildcards):
+    """The passages coCondenser stage two samples span pairs from: a pretrain.corpora corpus
+    (e.g. msmarco-document, coCondenser 4.1), else the collection's own (query-as-context
+    methods always read the collection's passages, whose queries doc2query generated).
+    """
+    corpus = PT["cocondenser"]["corpus"]
+    if corpus and corpus not in PT["corpora"]:
+        raise ValueError(
+            f"pretrain.cocondenser.corpus: {corpus!r} is not a name of pretrain.corpora "
+            f"({sorted(PT['corpora']) or 'none defined'})"
+        )
+    if corpus and wildcards.cocondenser not in QAC_METHODS:
+        return f"{RESULTS}/{corpus}/passages.parquet"
+    return f"{RESULTS}/{wildcards.collection}/passages.parquet"
 
 
 def qac_queries_input(wildcards):
@@ -226,7 +250,7 @@ rule pretrain_corpus:
     input:
         code=stage_code("pretrain_corpus"),
         init=rules.pretrain_generic.output.model,
-        passages=rules.split_passages.output.passages,
+        passages=cocondenser_corpus,
         queries=qac_queries_input,
     output:
         model=directory(f"{RESULTS}/{{collection}}/{{cocondenser}}/pretrain/model"),
@@ -378,9 +402,10 @@ rule pretrain_mae_corpus:
     params:
         launch=training_launcher,
         variant=mae_variant,
+        init=mae_corpus_init,
         flags=mae_corpus_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{mae_method}}/pretrain/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_mae --variant {params.variant} --init {input.init}"
+        "{params.launch} -m dprflow.stages.pretrain_mae --variant {params.variant} --init {params.init}"
         " --corpus passages --corpus-path {input.passages} --out {output.model}"
         " --checkpoint-dir {params.checkpoints} {params.flags} --threads {threads} > {log} 2>&1"
