@@ -18,6 +18,7 @@ def pretrain_generic_flags(wildcards):
         "n_head_layers",
         "mlm_probability",
         "whole_word",
+        "whole_word_count",
         "max_length",
         "batch_size",
         "learning_rate",
