@@ -78,10 +78,10 @@ class Args(OptimArgs):
         default=128, metadata={"help": "bmae/cdmae tokens per sequence, specials included"}
     )
     span_min: int = field(
-        default=16, metadata={"help": "cotmae: shortest random span target in tokens (CoT-MAE: 2)"}
+        default=2, metadata={"help": "cotmae: shortest random span target in tokens (CoT-MAE: 2)"}
     )
     span_max: int = field(
-        default=64, metadata={"help": "cotmae: span target and crop length in tokens (CoT-MAE: 128)"}
+        default=128, metadata={"help": "cotmae: span target and crop length in tokens (CoT-MAE: 128)"}
     )
     context: str = field(
         default="mixed",
