@@ -89,6 +89,7 @@ def retriever(config: dict, job: Job, jobs: list[Job]) -> dict[str, Any]:
     batch, group = int(f["batch-size"]), int(f["group-size"])
     main = corpus_id(config, f["passages"])
     out = {
+        "corpus": main,
         "queries_per_update": batch,
         "passages_per_query": group,
         "passages_per_update": batch * group,
