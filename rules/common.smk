@@ -45,7 +45,11 @@ def stage_code(name):
 
 
 def collection_spec(wildcards):
-    return config["collections"][wildcards.collection]
+    """A collection's config, or a pre-training corpus's (pretrain.corpora: ingested alike)."""
+    name = wildcards.collection
+    if name in config["collections"]:
+        return config["collections"][name]
+    return config["pretrain"]["corpora"][name]
 
 
 def eval_split(wildcards):

@@ -18,6 +18,7 @@ def pretrain_generic_flags(wildcards):
         "n_head_layers",
         "mlm_probability",
         "whole_word",
+        "whole_word_count",
         "max_length",
         "batch_size",
         "learning_rate",
@@ -30,8 +31,12 @@ def pretrain_generic_flags(wildcards):
 
 
 def pretrain_corpus_flags(wildcards):
+    """Flags of a pretrain_corpus job; a query-as-context job also reads the generated queries
+    and its passages' length (query-as-context section 4.2: 144 tokens)."""
     queries = "".join(
-        f" --queries {shlex.quote(p)}" for p in qac_queries_input(wildcards)
+        f" --queries {shlex.quote(p)}"
+        f" --max-passage-tokens {PT['cocondenser']['qac_passage_tokens']}"
+        for p in qac_queries_input(wildcards)
     )
     keys = [
         "span_min",
@@ -107,7 +112,31 @@ def mae_variant(wildcards):
 
 
 def mae_generic_model(wildcards):
+    """The generic stage's model, an input of the corpus stage; none when pretrain.mae.corpus_init
+    names the checkpoint to start from (CDMAE footnote 4: RetroMAE)."""
+    if PT["mae"]["corpus_init"]:
+        return []
     return f"{RESULTS}/pretrain/{mae_variant(wildcards)}/generic/model"
+
+
+def mae_corpus_init(wildcards):
+    return PT["mae"]["corpus_init"] or mae_generic_model(wildcards)
+
+
+def cocondenser_corpus(wildcards):
+    """The passages coCondenser stage two samples span pairs from: a pretrain.corpora corpus
+    (e.g. msmarco-document, coCondenser 4.1), else the collection's own (query-as-context
+    methods always read the collection's passages, whose queries doc2query generated).
+    """
+    corpus = PT["cocondenser"]["corpus"]
+    if corpus and corpus not in PT["corpora"]:
+        raise ValueError(
+            f"pretrain.cocondenser.corpus: {corpus!r} is not a name of pretrain.corpora "
+            f"({sorted(PT['corpora']) or 'none defined'})"
+        )
+    if corpus and wildcards.cocondenser not in QAC_METHODS:
+        return f"{RESULTS}/{corpus}/passages.parquet"
+    return f"{RESULTS}/{wildcards.collection}/passages.parquet"
 
 
 def qac_queries_input(wildcards):
@@ -127,23 +156,24 @@ def mae_corpus_flags(wildcards):
 
 
 def mae_flags(wildcards, phase):
-    """Flags of a pretrain_mae job: shared MAE settings, the method's decoder mask ratio, the
-    phase's budget and (generic phase) the corpus."""
+    """Flags of a pretrain_mae job: shared MAE settings, the method's decoder mask ratio and
+    projection, the phase's budget and (generic phase) the corpus."""
     m = PT["mae"]
     flags = [
         f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}",
         f"--p-dec {m['p_dec'][mae_variant(wildcards)]}",
+        f"--use-projection {str(m['use_projection'][mae_variant(wildcards)]).lower()}",
         train_flags(
             m,
             [
                 "p_enc",
                 "sigma",
                 "n_decoder_layers",
-                "use_projection",
                 "max_length",
                 "span_min",
                 "span_max",
                 "context",
+                "directions",
                 "batch_size",
                 "learning_rate",
                 "weight_decay",
@@ -177,6 +207,7 @@ def pretrain_contriever_flags(wildcards):
         "ratio_min",
         "ratio_max",
         "max_doc_tokens",
+        "documents",
         "p_delete",
         "p_replace",
         "p_mask",
@@ -220,7 +251,7 @@ rule pretrain_corpus:
     input:
         code=stage_code("pretrain_corpus"),
         init=rules.pretrain_generic.output.model,
-        passages=rules.split_passages.output.passages,
+        passages=cocondenser_corpus,
         queries=qac_queries_input,
     output:
         model=directory(f"{RESULTS}/{{collection}}/{{cocondenser}}/pretrain/model"),
@@ -372,9 +403,10 @@ rule pretrain_mae_corpus:
     params:
         launch=training_launcher,
         variant=mae_variant,
+        init=mae_corpus_init,
         flags=mae_corpus_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{mae_method}}/pretrain/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_mae --variant {params.variant} --init {input.init}"
+        "{params.launch} -m dprflow.stages.pretrain_mae --variant {params.variant} --init {params.init}"
         " --corpus passages --corpus-path {input.passages} --out {output.model}"
         " --checkpoint-dir {params.checkpoints} {params.flags} --threads {threads} > {log} 2>&1"

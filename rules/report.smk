@@ -25,18 +25,17 @@ def pretrained_models(collection, method):
             f"{RESULTS}/pretrain/condenser/generic/model",
             f"{RESULTS}/{collection}/{method}/pretrain/model",
         ]
-    if method == "qac-cotmae":
-        return [
-            f"{RESULTS}/pretrain/cotmae/generic/model",
-            f"{RESULTS}/{collection}/{method}/pretrain/model",
-        ]
     if method == "contriever":
         return [f"{RESULTS}/{collection}/contriever/pretrain/model"]
-    if method in MAE_METHODS:
-        return [
-            f"{RESULTS}/pretrain/{method}/generic/model",
-            f"{RESULTS}/{collection}/{method}/pretrain/model",
-        ]
+    if method == "qac-cotmae" or method in MAE_METHODS:
+        # no generic stage when the corpus stage starts from pretrain.mae.corpus_init
+        generic = QAC_METHODS.get(method, method)
+        stage_one = (
+            []
+            if PT["mae"]["corpus_init"]
+            else [f"{RESULTS}/pretrain/{generic}/generic/model"]
+        )
+        return stage_one + [f"{RESULTS}/{collection}/{method}/pretrain/model"]
     return []
 
 

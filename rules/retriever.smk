@@ -110,7 +110,10 @@ def retriever_flags(wildcards):
     )
     if wildcards.trained == "distill":
         d = FT["distill"]
-        flags = f" --teacher {inputs['teacher']} --alpha {d['alpha']} --direction {d['direction']}"
+        flags = (
+            f" --teacher {inputs['teacher']} --alpha {d['alpha']} --direction {d['direction']}"
+            f" --student-over {d['student_over']}"
+        )
     else:
         d = FT["retriever"]
         flags = ""

@@ -3,6 +3,7 @@ cropping and ICT pairs, and the stage (both negative modes, resume after a kill,
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -16,7 +17,14 @@ from transformers import AutoModel
 
 from dprflow.data.schemas import write_table
 from dprflow.model_init import load_tokenizer
-from dprflow.pretraining.contriever.data import PairMaker, crop_pair, ict_pair, random_crop
+from dprflow.pretraining.contriever.data import (
+    PairMaker,
+    crop_pair,
+    first_tokens,
+    ict_pair,
+    random_crop,
+    stream_documents,
+)
 from dprflow.pretraining.contriever.model import (
     Contriever,
     ContrieverConfig,
@@ -234,6 +242,32 @@ def test_perturbations_and_batch_layout(tokenizer):
     assert all(torch.equal(batch[k], again[k]) for k in batch)  # a function of the generator
 
 
+def test_stream_documents_use_every_token_of_long_documents():
+    """Appendix A: 256-token documents of the concatenated token stream, not each document's head."""
+    docs = [list(range(1000, 1700)), list(range(2000, 2300)), list(range(3000, 3005))]
+    windows, counts = stream_documents(docs, 256)
+    stream = [t for d in docs for t in d]
+    assert [t for w in windows for t in w] == stream  # every token, once, in order
+    assert [len(w) for w in windows] == [256, 256, 256, 237]  # 1005 tokens; the last is shorter
+    assert windows[2][:188] == list(range(1512, 1700)) and windows[2][188:] == list(range(2000, 2068))
+    assert counts == {"stream_tokens": 1005, "stream_documents": 4, "short_last_window_skipped": 0}
+    # the old cut saw 256 + 256 + 5 of the 1005 tokens
+    assert sum(len(d) for d in first_tokens(docs, 256)) == 517
+    windows, counts = stream_documents([list(range(257))], 256)  # a last window of 1 token
+    assert [len(w) for w in windows] == [256] and counts["short_last_window_skipped"] == 1
+
+
+def test_edge_cases_a_zero_token_crop_and_a_fully_deleted_view(tokenizer):
+    rng = np.random.default_rng(0)
+    for _ in range(20):  # int(r * 5) == 0 for r < 0.2: the crop is one token, never empty
+        start, end = random_crop(rng, list(range(5)), 0.05, 0.15)
+        assert end - start == 1
+    maker = PairMaker.from_tokenizer(tokenizer, p_delete=1.0)
+    assert maker.perturb(rng, [2000, 2001, 2002]) == [2000]  # every token drawn: the first is kept
+    q, k = maker.pair(rng, list(range(2000, 2003)))
+    assert len(q) == len(k) == 1
+
+
 # -- stage ----------------------------------------------------------------------------------------
 @pytest.fixture
 def passages(tmp_path):
@@ -272,6 +306,8 @@ def stage_args(init, passages, out: Path, **extra) -> list[str]:
         "2",
         "--threads",
         "1",
+        "--documents",
+        "first",
     ]
     for key, value in extra.items():
         args += ["--" + key.replace("_", "-"), str(value)]
@@ -321,6 +357,22 @@ def test_stage_fails_clearly_with_fewer_documents_than_a_batch(tiny_init, passag
     err = capsys.readouterr().err
     assert "fewer than one batch of 16" in err and "1 too short skipped" in err
     assert not out.exists()
+
+
+def test_stage_trains_on_windows_of_the_token_stream(tiny_init, passages, tmp_path, capsys):
+    out = tmp_path / "model"
+    args = stage_args(tiny_init, passages, out, documents="stream", max_doc_tokens=32, batch_size=2)
+    assert pretrain_contriever.main(args) == 0
+    record = json.loads((out / "training_args.json").read_text())
+    # 10 documents of 2 x 15 words (30 tokens) and one of 1 token: 301 tokens, 9 windows of 32 + 13
+    assert record["documents"] == "stream"
+    assert record["corpus"]["stream_tokens"] == 301 and record["corpus"]["stream_documents"] == 10
+    assert pd.read_csv(out / "train_log.csv")["step"].tolist() == list(range(1, 11))  # 2 epochs of 5
+    too_few = stage_args(
+        tiny_init, passages, tmp_path / "m2", documents="stream", max_doc_tokens=64, batch_size=8
+    )
+    assert pretrain_contriever.main(too_few) == 1
+    assert "301 tokens make 5 documents of 64 tokens, fewer than one batch of 8" in capsys.readouterr().err
 
 
 def test_stage_rejects_bad_arguments(tiny_init, passages, tmp_path):

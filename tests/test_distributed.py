@@ -123,3 +123,94 @@ def test_two_gloo_ranks_match_the_full_batch(tmp_path):
             assert torch.allclose(r[name][1], full_grad, atol=1e-6), name
     assert torch.equal(ranks[0]["gathered"], xp) and torch.equal(ranks[1]["gathered"], xp)
     assert all("same shape on every rank" in r["mismatch"] for r in ranks)
+
+
+# -- coCondenser across processes (coCondenser eq. 6/7, gradient cache eq. 9-12) ----------------------
+CO_TINY = dict(vocab_size=60, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16)
+CO_LENGTHS = [7, 3, 5, 6, 2, 7, 4, 6]  # 4 documents x 2 spans; rank 0 gets rows 0-3, rank 1 rows 4-7
+
+
+def co_model(init_dir: str):
+    from dprflow.pretraining.condenser.model import Condenser, CondenserConfig
+
+    torch.manual_seed(1)  # the random head: the same on every process
+    return Condenser.from_pretrained(init_dir, CondenserConfig(n_early=1)).double().eval()
+
+
+def co_batch():
+    """8 spans with different masked counts on the two ranks, so the MLM weighting matters."""
+    from dprflow.pretraining.masking import mask_tokens, special_tokens_mask
+
+    g = torch.Generator().manual_seed(3)
+    ids = torch.zeros(len(CO_LENGTHS), 9, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for b, n in enumerate(CO_LENGTHS):
+        ids[b, 0], ids[b, n + 1] = 1, 2
+        ids[b, 1 : n + 1] = torch.randint(10, 60, (n,), generator=g)
+        attention[b, : n + 2] = 1
+    masked = mask_tokens(ids, special_tokens_mask(ids, attention, (0, 1, 2)), 3, 60, g, p=0.4)
+    return {"input_ids": masked.input_ids, "attention_mask": attention, "labels": masked.labels}
+
+
+def co_grads(model):
+    out = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def _co_worker(rank: int, port: int, out_dir: str, init_dir: str) -> None:
+    from dprflow.training.steps import cocondenser_step
+
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(WORLD)}
+    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
+    distributed.init_from_env(use_cuda=False)
+    try:
+        model = co_model(init_dir)
+        rows = len(CO_LENGTHS) // WORLD
+        local = {k: v[rank * rows : (rank + 1) * rows] for k, v in co_batch().items()}
+        result = {}
+        for name, chunk_size in (("plain", 0), ("gradcache", 3)):  # chunks of 3 and 1 spans
+            model.zero_grad(set_to_none=True)
+            out = cocondenser_step(model, local, chunk_size, lambda t: t.backward())
+            grads = co_grads(model)
+            for value in grads.values():  # what DDP does: average over ranks
+                torch.distributed.all_reduce(value)
+                value.div_(WORLD)
+            result[name] = (out.loss.clone(), out.contrastive.clone(), grads)
+        torch.save(result, f"{out_dir}/co-rank{rank}.pt")
+    finally:
+        distributed.cleanup()
+
+
+def test_cocondenser_two_gloo_ranks_match_the_global_batch(tmp_path):
+    """Two processes of 2 documents each train as one process on the 4 documents: eq. 6's
+    negatives are the spans of both processes, and the MLM token mean is the global one."""
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available")
+    from transformers import BertConfig, BertForMaskedLM
+
+    from dprflow.pretraining.condenser.model import cocondenser_loss
+
+    init_dir = tmp_path / "init"
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(**CO_TINY)).save_pretrained(init_dir)
+    mp.spawn(_co_worker, args=(_free_port(), str(tmp_path), str(init_dir)), nprocs=WORLD, join=True)
+    ranks = [torch.load(tmp_path / f"co-rank{r}.pt") for r in range(WORLD)]
+
+    model = co_model(str(init_dir))
+    full = cocondenser_loss(model, co_batch())
+    full.loss.backward()
+    expected = co_grads(model)
+    assert len(expected) > 20
+    # Gradients that are zero in exact arithmetic (attention key bias) are rounding noise: floor.
+    floor = 1e-9 * max(v.abs().max() for v in expected.values())
+    for name in ("plain", "gradcache"):
+        for r in ranks:
+            loss, contrastive, grads = r[name]
+            assert grads.keys() == expected.keys()
+            for key, value in expected.items():
+                assert torch.allclose(grads[key], value, rtol=1e-5, atol=floor), (name, key)
+        mean_co = sum(r[name][1] for r in ranks) / WORLD  # eq. 7: the mean over the 2n global spans
+        assert mean_co.item() == pytest.approx(full.contrastive.item(), rel=1e-10)
+        mean_loss = sum(r[name][0] for r in ranks) / WORLD
+        assert mean_loss.item() == pytest.approx(full.loss.item(), rel=1e-10)

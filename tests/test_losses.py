@@ -136,3 +136,33 @@ def test_distillation_loss_is_kl_plus_alpha_contrastive():
     assert out.loss.item() == pytest.approx(kl.item() + 0.2 * (L0 + L1) / 2, rel=1e-6)
     with pytest.raises(ValueError, match="teacher scores"):
         distillation_loss(Q, P, teacher[:, :1], group_size=2)
+
+
+def test_coCondenser_distillation_student_over_the_batch_teacher_zero_outside_the_group():
+    """coCondenser 5.1 (eq. 15): S over all M*N passages, T zero outside the query's group;
+    KL(T || S) as Tevatron's DistilTrainer computes it (kl_div of log S against the zero-padded T)."""
+    from dprflow.finetuning.losses import distill_kl_batch, distillation_loss
+
+    g = torch.Generator().manual_seed(7)
+    B, G, H = 3, 4, 5
+    q, p = (
+        torch.randn(B, H, generator=g, dtype=torch.float64),
+        torch.randn(B * G, H, generator=g, dtype=torch.float64),
+    )
+    teacher = torch.randn(B, G, generator=g, dtype=torch.float64)
+    scores = q @ p.T
+    t_full = torch.zeros(B, B * G, dtype=torch.float64)
+    for i in range(B):
+        t_full[i, i * G : (i + 1) * G] = teacher[i].softmax(-1)
+    reference = F.kl_div(scores.log_softmax(-1), t_full, reduction="batchmean")
+    assert distill_kl_batch(scores, teacher, G).item() == pytest.approx(reference.item(), rel=1e-12)
+    out = distillation_loss(q, p, teacher, group_size=G, student_over="batch")
+    assert out.kl.item() == pytest.approx(reference.item(), rel=1e-12)
+    group = distillation_loss(q, p, teacher, group_size=G)  # CDMAE eq. 11: the group only
+    assert group.kl.item() < out.kl.item()  # the in-batch passages take mass from S
+    # the local half of a gathered batch (rank 1 of 2: its queries are 1..2 of 3) gives its rows
+    local = distill_kl_batch(scores[1:], teacher[1:], G, rank_offset=1)
+    rows = F.kl_div(scores[1:].log_softmax(-1), t_full[1:], reduction="batchmean")
+    assert local.item() == pytest.approx(rows.item(), rel=1e-12)
+    with pytest.raises(ValueError, match="infinite"):
+        distillation_loss(q, p, teacher, group_size=G, student_over="batch", direction="student_teacher")

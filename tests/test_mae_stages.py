@@ -17,10 +17,15 @@ from dprflow.data.schemas import read_table, write_table
 from dprflow.model_init import load_tokenizer
 from dprflow.pretraining.mae import pmi
 from dprflow.pretraining.mae.data import (
+    CotDocument,
     TokenText,
     chunk_texts,
+    context_span,
+    cotmae_documents,
+    cotmae_rows,
     mae_batch,
-    sample_anchor_context,
+    segment_spans,
+    tokenize_sentences,
     tokenize_with_importance,
 )
 from dprflow.stages import pmi as pmi_stage
@@ -46,7 +51,11 @@ def passages(tmp_path_factory):
     rows = []
     for d in range(10):
         for position in range(3):
-            text = " ".join(rng.choice(WORDS, size=30))
+            # sentences of 6 words, so that CoT-MAE cuts the documents into several spans
+            words = rng.choice(WORDS, size=30)
+            text = " ".join(
+                ". ".join(" ".join(words[i : i + 6]).capitalize() for i in range(0, 30, 6)).split()
+            )
             rows.append((f"d{d}#{position}", f"d{d}", position, f"title {d}", text, 32))
     rows.append(("short#0", "short", 0, "", "tiny", 1))
     table = pd.DataFrame(rows, columns=["passage_id", "doc_id", "position", "title", "text", "n_tokens"])
@@ -96,28 +105,95 @@ def test_pmi_count_rejects_a_shard_outside_the_range(passages, tmp_path, capsys)
     assert not (tmp_path / "x.parquet").exists()
 
 
-def test_near_context_is_adjacent_and_spans_stay_inside():
+def two_span_document() -> CotDocument:
+    """Tokens 2000..2019 (plain word pieces) in 4 sentences of 5; spans: sentences 0-1 and 2-3."""
+    return CotDocument(np.arange(2000, 2020), np.array([0, 5, 10, 15, 20]), np.array([0, 2, 4]))
+
+
+def test_cotmae_rows_hold_both_directions():
+    """CoT-MAE's collator: each span of a pair is once encoded and once decoded (rows 2i, 2i + 1)."""
+    doc = two_span_document()
+    first, second = list(range(2000, 2010)), list(range(2010, 2020))
+    for context in ("near", "random", "mixed", "overlap"):
+        for seed in range(10):
+            enc, dec = cotmae_rows([doc, doc], np.random.default_rng(seed), 10, context, "both")
+            assert len(enc) == len(dec) == 4
+            for i in (0, 2):
+                assert list(enc[i]) == list(dec[i + 1]) and list(dec[i]) == list(enc[i + 1])
+                if context in ("near", "random"):  # the two spans of the document, each on both sides
+                    assert sorted([list(enc[i]), list(dec[i])]) == [first, second]
+            one_enc, one_dec = cotmae_rows([doc], np.random.default_rng(seed), 10, context, "one")
+            assert len(one_enc) == len(one_dec) == 1
+    with pytest.raises(ValueError, match="directions"):
+        cotmae_rows([doc], np.random.default_rng(0), 10, "near", "two")
+
+
+def test_cotmae_batch_of_a_two_span_document(tokenizer):
+    doc = two_span_document()
+    batch = mae_batch(
+        "cotmae", [doc], tokenizer, np.random.default_rng(0), p_enc=0.3, p_dec=0.45, span_max=10
+    )
+    for side in ("enc", "dec"):
+        assert batch[f"{side}_input_ids"].shape == (2, 12)  # 2 rows: [CLS] 10 tokens [SEP]
+    labels = {side: batch[f"{side}_labels"] for side in ("enc", "dec")}
+    originals = {
+        side: torch.where(labels[side] != -100, labels[side], batch[f"{side}_input_ids"])[:, 1:-1]
+        for side in ("enc", "dec")
+    }
+    # unmasked, the decoder rows are the encoder rows swapped: the two spans, each on both sides
+    assert torch.equal(originals["enc"][[1, 0]], originals["dec"])
+    assert sorted(originals["enc"][:, 0].tolist()) == [2000, 2010]
+    assert not torch.equal(labels["enc"][[1, 0]] != -100, labels["dec"] != -100)  # masked independently
+    assert (labels["enc"] != -100).sum(1).tolist() == [3, 3]  # floor(10 * 0.3)
+    assert (labels["dec"] != -100).sum(1).tolist() == [4, 4]  # floor(10 * 0.45)
+
+
+def test_spans_close_once_longer_than_the_target():
     rng = np.random.default_rng(0)
-    for n in [16, 20, 40, 100, 300]:
-        for _ in range(200):
-            (a0, a1), (c0, c1), fell = sample_anchor_context(rng, n, 8, 32, "near")
-            assert 0 <= a0 < a1 <= n and 0 <= c0 < c1 <= n
-            assert 8 <= a1 - a0 <= 32 and c1 - c0 <= 32
-            if fell:
-                assert a0 < 8 and n - a1 < 8  # no room on either side
-                assert c1 - c0 >= 8
-            else:
-                assert c1 == a0 or c0 == a1
-    fell = [sample_anchor_context(rng, 16, 8, 16, "near")[2] for _ in range(50)]
-    assert any(fell)  # a 16-token document: an anchor of 9+ tokens leaves no room
+    # target 12 (span_min == span_max): 5 + 5 + 5 = 15 > 12 closes a span; the rest is the last
+    assert segment_spans(rng, [5] * 7, 12, 12).tolist() == [0, 3, 6, 7]
+    assert segment_spans(rng, [20, 3], 12, 12).tolist() == [0, 1, 2]  # a long sentence alone
+    assert segment_spans(rng, [3], 12, 12).tolist() == [0, 1]
+    # with span_min < span_max, 15% of targets are shorter: more, shorter spans on average
+    lengths = [3] * 400
+    full = len(segment_spans(np.random.default_rng(1), lengths, 30, 30))
+    mixed = len(segment_spans(np.random.default_rng(1), lengths, 2, 30))
+    assert mixed > full
 
 
-def test_random_context_may_land_anywhere():
-    rng = np.random.default_rng(1)
-    starts = {sample_anchor_context(rng, 200, 8, 16, "random")[1][0] for _ in range(300)}
-    assert len(starts) > 50 and min(starts) >= 0 and max(starts) <= 192
-    with pytest.raises(ValueError, match="shorter than span_min"):
-        sample_anchor_context(rng, 5, 8, 16, "near")
+def test_overlap_context_extends_the_anchor_tail_or_head():
+    # 8 sentences of 4 tokens, spans of 2 sentences: 4 spans
+    doc = CotDocument(np.arange(32), np.arange(0, 33, 4), np.array([0, 2, 4, 6, 8]))
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        start, stop = context_span(doc, 1, "overlap", rng, 10)
+        assert (start, stop) == (12, 24)  # k = 1: the anchor's last sentence, then to >= 10 tokens
+        start, stop = context_span(doc, 3, "overlap", rng, 10)
+        assert (start, stop) == (16, 28)  # the last span: its first sentence, then backwards
+    # an anchor of 6 sentences: k in 1..3, the context starts inside the anchor
+    doc = CotDocument(np.arange(40), np.arange(0, 41, 4), np.array([0, 6, 10]))
+    starts = {context_span(doc, 0, "overlap", rng, 8)[0] for _ in range(60)}
+    assert starts == {12, 16, 20}
+    near = {context_span(doc, 0, "near", rng, 8) for _ in range(10)}
+    assert near == {(24, 40)}
+    kinds = {context_span(doc, 0, "mixed", rng, 8) for _ in range(100)}
+    assert (24, 40) in kinds and any(s in (12, 16, 20) for s, _ in kinds)
+    with pytest.raises(ValueError, match="context must be one of"):
+        context_span(doc, 0, "far", rng, 8)
+
+
+def test_cotmae_documents_skip_single_span_documents(tokenizer):
+    texts = ["Heat flow over the wing. Shock wave on the plate. Drag of the layer.", "Lift."]
+    docs, counts = cotmae_documents(texts, tokenizer, np.random.default_rng(0), 3, 3)
+    assert counts == {
+        "documents": 2,
+        "documents_with_fewer_than_two_spans_skipped": 1,
+        "training_documents": 1,
+    }
+    assert len(docs[0].spans) - 1 >= 2
+    ids, sentences = tokenize_sentences(texts[:1], tokenizer)[0]
+    assert list(ids) == tokenizer(texts[0], add_special_tokens=False)["input_ids"]
+    assert len(sentences) == 4 and sentences[-1] == len(ids)
 
 
 def test_chunks_keep_importance_aligned_and_count_what_they_drop():
@@ -145,9 +221,12 @@ def test_batches_mask_exact_ratios_and_never_special_tokens(variant, tokenizer, 
     rng = np.random.default_rng(3)
     texts = [" ".join(rng.choice(WORDS, size=int(n))) for n in rng.integers(20, 60, size=6)]
     items = tokenize_with_importance(texts, tokenizer, counts)
-    batch = mae_batch(variant, items, tokenizer, np.random.default_rng(4), p_enc=0.3, p_dec=0.5, span_min=8,
-                      span_max=16)  # fmt: skip
-    assert batch.pop("fallbacks").item() >= 0
+    if variant == "cotmae":
+        words = [t.split() for t in texts]  # sentences of 5 words
+        texts = [". ".join(" ".join(w[i : i + 5]).capitalize() for i in range(0, len(w), 5)) for w in words]
+        items = cotmae_documents(texts, tokenizer, np.random.default_rng(0), 8, 16)[0]
+        assert len(items) == 6
+    batch = mae_batch(variant, items, tokenizer, np.random.default_rng(4), p_enc=0.3, p_dec=0.5, span_max=16)
     for side, p in (("enc", 0.3), ("dec", 0.5)):
         attention, labels = batch[f"{side}_attention_mask"], batch[f"{side}_labels"]
         n = attention.sum(1) - 2  # [CLS] and [SEP]
@@ -215,6 +294,9 @@ def test_two_phases_write_an_encoder_and_keep_the_decoder(variant, tiny_init, pa
     log = pd.read_csv(corpus / "train_log.csv")
     assert {"enc_mlm", "dec_mlm"} <= set(log.columns) and len(log) == 4
     np.testing.assert_allclose(log["loss"], log["enc_mlm"] + log["dec_mlm"], rtol=1e-5)
+    # CoT-MAE feeds the encoder's [CLS] to its decoder as it is; CDMAE projects it (eq. 4)
+    decoder = load_file(corpus / "mae_decoder" / "model.safetensors")
+    assert any(k.startswith("projection") for k in decoder) == (variant != "cotmae")
     # the corpus phase started from the generic phase's decoder, not a fresh one
     g = load_file(generic / "mae_decoder" / "model.safetensors")
     c = load_file(corpus / "mae_decoder" / "model.safetensors")

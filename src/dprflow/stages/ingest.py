@@ -25,7 +25,8 @@ class Args:
     out_dir: str = field(metadata={"help": "folder for documents/queries/qrels.parquet"})
     path: str | None = field(default=None, metadata={"help": "beir: the BEIR folder"})
     ir_datasets: str | None = field(
-        default=None, metadata={"help": "ir_datasets: JSON object split -> dataset id"}
+        default=None,
+        metadata={"help": "ir_datasets: JSON object split -> dataset id; documents come from the first id"},
     )
     max_documents: int | None = field(default=None, metadata={"help": "embedded: keep a stable subset"})
     split_percent: list[int] = field(
@@ -67,7 +68,28 @@ def load(args: Args) -> tuple[Collection, str]:
         return load_beir(args.path), args.path
     from dprflow.data.collections.irds import load_ir_datasets
 
-    return load_ir_datasets(json.loads(args.ir_datasets)), args.ir_datasets
+    splits = ir_datasets_splits(args.ir_datasets)
+    # The documents of the first id (config: "documents come from the first"); every split's
+    # queries and qrels from its own id.
+    return load_ir_datasets(next(iter(splits.values())), splits), args.ir_datasets
+
+
+def ir_datasets_splits(text: str) -> dict[str, str]:
+    """The ``--ir-datasets`` JSON object (split -> id), checked: a non-empty object of strings."""
+    try:
+        splits = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StageError(f"--ir-datasets {text!r} is not JSON: {exc}") from exc
+    if (
+        not isinstance(splits, dict)
+        or not splits
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in splits.items())
+    ):
+        raise StageError(
+            f"--ir-datasets {text!r} must be a JSON object of split name -> ir_datasets id, "
+            'e.g. {"train": "msmarco-passage/train/judged", "dev": "msmarco-passage/dev/small"}'
+        )
+    return splits
 
 
 def ingest(args: Args) -> None:

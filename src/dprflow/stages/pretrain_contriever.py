@@ -1,7 +1,9 @@
 """Stage ``pretrain_contriever``: Contriever's contrastive pre-training (Contriever §3, Appendix A).
 
-Each step holds ``batch_size`` documents of the collection (its passages joined by ``doc_id``,
-cut to the first ``max_doc_tokens`` tokens) and makes one positive pair of each: two independent
+Each step holds ``batch_size`` "documents" of Appendix A: windows of ``max_doc_tokens`` (256)
+tokens of the collection's token stream (its documents, passages joined by ``doc_id``,
+concatenated; ``--documents stream``), or with ``--documents first`` each document cut to its
+first ``max_doc_tokens`` tokens, and makes one positive pair of each: two independent
 random crops (``--pairs crop``) or a span and the rest of the document (``--pairs ict``), each
 view perturbed by token deletion / replacement / masking (:mod:`dprflow.pretraining.contriever.data`).
 The loss is InfoNCE over mean-pooled embeddings with temperature 0.05 (§3.1.1) against the
@@ -27,7 +29,7 @@ import torch
 
 from dprflow.cli import StageError, run_stage
 from dprflow.model_init import load_tokenizer
-from dprflow.pretraining.contriever.data import PAIR_MODES, PairMaker
+from dprflow.pretraining.contriever.data import PAIR_MODES, PairMaker, first_tokens, stream_documents
 from dprflow.pretraining.contriever.model import NEGATIVE_MODES, Contriever, ContrieverConfig
 from dprflow.pretraining.corpus import read_passages_documents
 from dprflow.training import distributed
@@ -74,8 +76,14 @@ class Args(OptimArgs):
     ratio_max: float = field(
         default=0.5, metadata={"help": "longest span, share of the document (Appendix A: 0.5)"}
     )
-    max_doc_tokens: int = field(
-        default=256, metadata={"help": "documents cut to their first tokens (Appendix A: 256)"}
+    max_doc_tokens: int = field(default=256, metadata={"help": "tokens per document (Appendix A: 256)"})
+    documents: str = field(
+        default="stream",
+        metadata={
+            "help": "stream: windows of max_doc_tokens of the concatenated corpus (Appendix A); "
+            "first: each document's first max_doc_tokens tokens",
+            "choices": ["stream", "first"],
+        },
     )
     p_delete: float = field(default=0.2, metadata={"help": "token deletion probability (Appendix A: 0.2)"})
     p_replace: float = field(default=0.0, metadata={"help": "random-token replacement probability"})
@@ -105,14 +113,28 @@ def pretrain(args: Args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.init)
-    docs, counts = read_passages_documents(args.passages, tokenizer, MIN_DOC_TOKENS)
+    docs, counts = read_passages_documents(
+        args.passages, tokenizer, 1 if args.documents == "stream" else MIN_DOC_TOKENS
+    )
+    if args.documents == "stream":
+        docs, stream_counts = stream_documents(docs, args.max_doc_tokens, MIN_DOC_TOKENS)
+        counts.update(stream_counts)
+        for key, value in stream_counts.items():
+            log.info("%s: %d", key, value)
+    else:
+        docs = first_tokens(docs, args.max_doc_tokens)
+    if len(docs) < args.batch_size and args.documents == "stream":
+        raise StageError(
+            f"{args.passages}: its {counts['stream_tokens']} tokens make {len(docs)} documents of "
+            f"{args.max_doc_tokens} tokens, fewer than one batch of {args.batch_size}; lower "
+            "--batch-size or --max-doc-tokens, or add documents"
+        )
     if len(docs) < args.batch_size:
         raise StageError(
             f"{args.passages}: {len(docs)} documents of at least {MIN_DOC_TOKENS} tokens "
             f"({counts['documents_too_short_skipped']} too short skipped) are fewer than one batch of "
             f"{args.batch_size}; lower --batch-size or add documents"
         )
-    docs = [d[: args.max_doc_tokens] for d in docs]
     maker = PairMaker.from_tokenizer(
         tokenizer,
         mode=args.pairs,
@@ -146,7 +168,7 @@ def pretrain(args: Args) -> None:
         # Every process's keys are negatives (and enter the queue): gathered with gradient.
         return m(**inputs, gather=distributed.gather_with_grad, rank=distributed.get_rank()).as_dict()
 
-    train_and_save(model, docs, maker.batch, step, Contriever, tokenizer, args, {"documents": counts})
+    train_and_save(model, docs, maker.batch, step, Contriever, tokenizer, args, {"corpus": counts})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,9 @@ Starts from the stage-one Condenser, head included. Each step holds ``batch_size
 the target corpus and two random spans of each; the loss is the contrastive loss of eq. 6 over
 the 2n late-CLS vectors (a span's positive is its sibling, every other span a negative, itself
 excluded) plus the Condenser MLM loss (eq. 7). With ``chunk_size`` below 2n the step runs with a
-gradient cache (eq. 8-12): the same gradients as the full batch, the memory of one chunk.
+gradient cache (eq. 8-12): the same gradients as the full batch, the memory of one chunk. With
+several processes (``gpu`` > 1) eq. 6 ranges over the global batch: the late-CLS vectors of every
+process are gathered (:mod:`dprflow.training.steps`), so each span has all 2n - 2 others as negatives.
 ``--contrastive-only`` drops the MLM terms (coCondenser Table 4's ablation). With ``--queries``
 (query-as-context §3.2, method ``qac-cocondenser``) the pair of a passage is the passage and one
 of its doc2query queries (a different candidate each epoch) instead of two spans.
@@ -54,6 +56,10 @@ class Args(OptimArgs):
         },
     )
     max_query_tokens: int = field(default=32, metadata={"help": "query-as-context: query length in tokens"})
+    max_passage_tokens: int = field(
+        default=144,
+        metadata={"help": "query-as-context: passage length in tokens (query-as-context 4.2: 144)"},
+    )
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW peak learning rate"})
 
     def check(self) -> None:
@@ -61,17 +67,22 @@ class Args(OptimArgs):
             raise ValueError("need 1 <= --span-min <= --span-max")
 
 
+def training_items(args: Args, tokenizer) -> tuple[list, dict[str, int]]:
+    """The documents (token ids) coCondenser samples span pairs from, or with ``--queries`` the
+    query-as-context items: passages of at most ``max_passage_tokens`` (query-as-context 4.1-4.2:
+    "no more than 144 consecutive tokens") with their generated queries."""
+    if args.queries:
+        return query_context.read_items(
+            args.passages, args.queries, tokenizer, args.max_passage_tokens, args.max_query_tokens
+        )
+    return read_passages_documents(args.passages, tokenizer, args.span_min)
+
+
 def pretrain(args: Args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.init)
-    if args.queries:
-        # The passage is cut like a span (span_max tokens) so both pair kinds see similar lengths.
-        docs, counts = query_context.read_items(
-            args.passages, args.queries, tokenizer, args.span_max, args.max_query_tokens
-        )
-    else:
-        docs, counts = read_passages_documents(args.passages, tokenizer, args.span_min)
+    docs, counts = training_items(args, tokenizer)
     set_seed(args.seed)
     weight = 0.0 if args.contrastive_only else 1.0
     config = CondenserConfig(head_weight=weight, backbone_weight=weight, temperature=args.temperature)

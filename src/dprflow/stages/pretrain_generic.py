@@ -38,6 +38,14 @@ class Args(OptimArgs):
     max_length: int = field(default=128, metadata={"help": "tokens per sequence, [CLS] and [SEP] included"})
     mlm_probability: float = field(default=0.15, metadata={"help": "masked share (BERT: 0.15)"})
     whole_word: bool = field(default=False, metadata={"help": "mask whole words"})
+    whole_word_count: str = field(
+        default="words",
+        metadata={
+            "help": "with --whole-word: words (p of the words) or tokens (BERT's reference: whole "
+            "words up to p of the tokens)",
+            "choices": ["words", "tokens"],
+        },
+    )
     n_early: int = field(default=0, metadata={"help": "early backbone layers (0: half)"})
     n_head_layers: int = field(default=2, metadata={"help": "Condenser head layers"})
     batch_size: int = field(default=16, metadata={"help": "sequences per step"})
@@ -63,7 +71,7 @@ def pretrain(args: Args) -> None:
     model = Condenser.from_pretrained(args.init, config)
 
     def make_batch(rng, pieces):
-        return mlm_batch(pieces, tokenizer, rng, args.mlm_probability, args.whole_word)
+        return mlm_batch(pieces, tokenizer, rng, args.mlm_probability, args.whole_word, args.whole_word_count)
 
     def step(m, batch):
         device = next(m.parameters()).device

@@ -8,8 +8,14 @@ initial checkpoint. The loss is L = L_enc + L_dec (eq. 9; CoT-MAE: L_mlm + L_ctx
 come from :mod:`dprflow.pretraining.mae.data`, and the saved folder's encoder loads with
 ``AutoModel.from_pretrained`` (the decoder is kept in ``mae_decoder/`` for the next stage).
 
+CoT-MAE (``--variant cotmae``) cuts each document into sentence spans and, per step, feeds each
+span of a pair once to the encoder and once to the decoder (``--directions both``, its
+reference collator), contexts chosen ``--context mixed`` (near / random / overlap); it has no
+bottleneck projection (pass ``--use-projection false``; the workflow does for cotmae).
+
 With ``--queries`` (query-as-context §3.2, method ``qac-cotmae``) the decoder reconstructs one
-of the passage's doc2query queries (a different candidate each epoch) instead of a context span.
+of the passage's doc2query queries (a different candidate each epoch) instead of a context span;
+passage -> encoder and query -> decoder only, as the query-as-context code does.
 
 ``cdmae`` needs the corpus's n-gram statistics (stage ``pmi``), which give each token its
 importance for the decoder's masking.
@@ -21,6 +27,7 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from dprflow.cli import StageError, run_stage
@@ -29,8 +36,10 @@ from dprflow.model_init import load_tokenizer
 from dprflow.pretraining.corpus import GENERIC_SOURCES, generic_texts
 from dprflow.pretraining.mae.data import (
     CONTEXTS,
+    DIRECTIONS,
     VARIANTS,
     chunk_texts,
+    cotmae_documents,
     mae_batch,
     pair_mae_batch,
     tokenize_with_importance,
@@ -58,13 +67,34 @@ class Args(OptimArgs):
     p_dec: float = field(default=0.5, metadata={"help": "decoder mask ratio (CDMAE 0.5, CoT-MAE 0.45)"})
     sigma: float = field(default=1.0, metadata={"help": "importance noise std (CDMAE footnote 3: 1)"})
     n_decoder_layers: int = field(default=2, metadata={"help": "decoder Transformer layers (CDMAE: 2)"})
-    use_projection: bool = field(default=True, metadata={"help": "h_b = W h_c + b (eq. 4); false: h_b = h_c"})
+    use_projection: bool | None = field(
+        default=None,
+        metadata={
+            "help": "h_b = W h_c + b (CDMAE eq. 4); false: h_b = h_c. Default: true for bmae and cdmae, "
+            "false for cotmae (CoT-MAE's BertForCotMAE has no projection)"
+        },
+    )
     max_length: int = field(
         default=128, metadata={"help": "bmae/cdmae tokens per sequence, specials included"}
     )
-    span_min: int = field(default=16, metadata={"help": "cotmae: shortest span in tokens"})
-    span_max: int = field(default=64, metadata={"help": "cotmae: longest span in tokens"})
-    context: str = field(default="near", metadata={"help": "cotmae context span", "choices": list(CONTEXTS)})
+    span_min: int = field(
+        default=2, metadata={"help": "cotmae: shortest random span target in tokens (CoT-MAE: 2)"}
+    )
+    span_max: int = field(
+        default=128, metadata={"help": "cotmae: span target and crop length in tokens (CoT-MAE: 128)"}
+    )
+    context: str = field(
+        default="mixed",
+        metadata={"help": "cotmae context span (CoT-MAE's default: mixed)", "choices": list(CONTEXTS)},
+    )
+    directions: str = field(
+        default="both",
+        metadata={
+            "help": "cotmae: both (each span once encoded, once decoded: CoT-MAE's collator) or one "
+            "(anchor -> context only)",
+            "choices": list(DIRECTIONS),
+        },
+    )
     queries: str | None = field(
         default=None,
         metadata={
@@ -73,7 +103,10 @@ class Args(OptimArgs):
         },
     )
     max_query_tokens: int = field(default=32, metadata={"help": "query-as-context: query length in tokens"})
-    batch_size: int = field(default=16, metadata={"help": "sequences (cotmae: documents) per step"})
+    batch_size: int = field(
+        default=16,
+        metadata={"help": "sequences (cotmae: documents, 2 rows each with both directions) per step"},
+    )
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW peak learning rate"})
 
     def check(self) -> None:
@@ -107,15 +140,16 @@ def training_items(args: Args, tokenizer) -> tuple[list, dict[str, int]]:
         if len(items) < args.batch_size:
             raise StageError(f"{args.queries}: {len(items)} passages with queries, fewer than one batch")
         return items, counts
-    stats = None
-    if args.variant == "cdmae":
-        stats = NgramCounts.from_frame(read_table(args.pmi, "ngram_counts"), where=args.pmi)
-    texts = tokenize_with_importance(corpus_texts(args), tokenizer, stats)
-    counts = {"texts": len(texts)}
     if args.variant == "cotmae":
-        items = [t for t in texts if len(t.ids) >= args.span_min]
-        counts["documents_shorter_than_span_min_skipped"] = len(texts) - len(items)
+        # Cut once with the stage's seed, as CoT-MAE cuts its corpus once before training.
+        rng = np.random.default_rng([args.seed, 2208_07670])
+        items, counts = cotmae_documents(corpus_texts(args), tokenizer, rng, args.span_min, args.span_max)
     else:
+        stats = None
+        if args.variant == "cdmae":
+            stats = NgramCounts.from_frame(read_table(args.pmi, "ngram_counts"), where=args.pmi)
+        texts = tokenize_with_importance(corpus_texts(args), tokenizer, stats)
+        counts = {"texts": len(texts)}
         items, dropped = chunk_texts(texts, args.max_length - 2)
         counts["short_trailing_chunks_skipped"] = dropped
     counts["training_items"] = len(items)
@@ -136,7 +170,7 @@ def pretrain(args: Args) -> None:
         n_decoder_layers=args.n_decoder_layers,
         p_enc=args.p_enc,
         p_dec=args.p_dec,
-        use_projection=args.use_projection,
+        use_projection=args.variant != "cotmae" if args.use_projection is None else args.use_projection,
     )
     model = BottleneckedMAE.from_pretrained(args.init, config)
 
@@ -152,16 +186,14 @@ def pretrain(args: Args) -> None:
             p_enc=args.p_enc,
             p_dec=args.p_dec,
             sigma=args.sigma,
-            span_min=args.span_min,
             span_max=args.span_max,
             context=args.context,
+            directions=args.directions,
         )
 
     def step(m, batch):
         device = next(m.parameters()).device
-        fallbacks = batch.pop("fallbacks")
-        out = m(**{k: v.to(device) for k, v in batch.items()})
-        return {**out.as_dict(), "context_fallbacks": fallbacks}
+        return m(**{k: v.to(device) for k, v in batch.items()}).as_dict()
 
     train_and_save(
         model, items, make_batch, step, BottleneckedMAE, tokenizer, args, {"corpus_counts": counts}

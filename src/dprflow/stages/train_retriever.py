@@ -62,6 +62,14 @@ class Args(GroupTrainingArgs):
         default="teacher_student",
         metadata={"help": "distillation KL direction", "choices": ["teacher_student", "student_teacher"]},
     )
+    student_over: str = field(
+        default="group",
+        metadata={
+            "help": "distillation: the student's distribution over the query's group (CDMAE eq. 11) "
+            "or over every passage of the batch (coCondenser 5.1, KL(T||S))",
+            "choices": ["group", "batch"],
+        },
+    )
     max_query_length: int = field(default=32, metadata={"help": "query tokens"})
     max_passage_length: int = field(default=144, metadata={"help": "passage tokens"})
 
@@ -70,6 +78,8 @@ class Args(GroupTrainingArgs):
             raise ValueError("--group-size must be >= 1 (>= 2 when distilling)")
         if self.temperature is not None and not self.temperature > 0:
             raise ValueError(f"--temperature must be > 0, got {self.temperature}")
+        if self.student_over == "batch" and self.direction != "teacher_student":
+            raise ValueError("--student-over batch needs --direction teacher_student (KL(S||T) is infinite)")
 
 
 def train(args: Args) -> None:
@@ -140,6 +150,7 @@ def train(args: Args) -> None:
             temperature=model.temperature,
             direction=args.direction,
             rank_offset=offset,
+            student_over=args.student_over,
         )
         return {"loss": out.loss, "kl": out.kl, "contrastive": out.contrastive}
 

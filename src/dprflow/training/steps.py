@@ -1,7 +1,11 @@
 """How the pre-training losses are stepped: the machinery that calls a model's own loss.
 
 A model module holds its model and its loss as the paper writes it; this module decides how a
-batch is back-propagated: whole, or in chunks with a gradient cache (coCondenser §3.3, eq. 9-12).
+batch is back-propagated: whole, or in chunks with a gradient cache (coCondenser §3.3, eq. 9-12),
+and how processes share the batch: the contrastive loss of eq. 6 ranges over the spans of every
+process (gathered with :func:`dprflow.training.distributed.gather_with_grad`), and the MLM part is
+weighted so that DDP's average of the processes' gradients is the gradient of the global token
+mean (eq. 7). With one process every helper is the identity and nothing changes.
 """
 
 from __future__ import annotations
@@ -18,7 +22,22 @@ from dprflow.pretraining.condenser.model import (
     unwrap,
 )
 from dprflow.pretraining.masking import IGNORE_INDEX
+from dprflow.training import distributed
 from dprflow.training.gradcache import ChunkLoss, gradcache_step, split_batch
+
+
+def masked_count(labels: torch.Tensor) -> int:
+    """Masked tokens (MLM targets) in ``labels``."""
+    return int((labels != IGNORE_INDEX).sum())
+
+
+def global_masked_count(local: int, device: torch.device) -> int:
+    """The masked tokens of all processes' batches (``local`` with one process)."""
+    if not distributed.is_distributed():
+        return local
+    total = torch.tensor([local], dtype=torch.long, device=device)
+    torch.distributed.all_reduce(total)
+    return int(total.item())
 
 
 def cocondenser_step(
@@ -29,10 +48,21 @@ def cocondenser_step(
 ) -> CoCondenserOutput:
     """Back-propagate the coCondenser loss (eq. 7) of ``batch``: whole, or with a gradient cache in
     chunks of ``chunk_size`` spans when the batch holds more (0: always whole). Same gradients
-    either way; returns the loss terms detached, for logging."""
+    either way; returns the loss terms detached, for logging.
+
+    Across processes (``torchrun``) ``batch`` is this process's share: eq. 6 ranges over the
+    global batch (:func:`cocondenser_contrastive_loss` with ``gather_with_grad``), and the MLM
+    loss is weighted by ``world * local masked / global masked`` so that the DDP-averaged
+    gradient equals one process's on the global batch (``tests/test_distributed.py``)."""
     if chunk_size and chunk_size < len(batch["input_ids"]):
         return cocondenser_gradcache_step(model, batch, chunk_size, backward_fn=backward_fn)
-    out = cocondenser_loss(model, batch)
+    local = masked_count(batch["labels"])
+    total = max(global_masked_count(local, batch["labels"].device), 1)
+    world = distributed.get_world_size()
+    weight = 1.0 if world == 1 else world * local / total
+    out = cocondenser_loss(
+        model, batch, distributed.gather_with_grad, distributed.get_rank(), mlm_weight=weight
+    )
     backward_fn(out.loss)
     return CoCondenserOutput(*(v.detach() for v in out))
 
@@ -51,6 +81,11 @@ def cocondenser_gradcache_step(
     tokens, so that the sum is the batch's token mean. Returns detached values for logging; the
     caller must not call ``.backward()`` on them.
 
+    Across processes the cached gradient ``v = dL_co / dh`` is that of the global eq. 6 (the
+    representations of every process are gathered inside the loss, whose backward sums the
+    processes' gradients), and a chunk's MLM weight is ``world * its masked tokens / the global
+    masked tokens``: after DDP's average, the gradient of one process on the global batch.
+
     Args:
         model: a :class:`Condenser` (or its DDP wrapper).
         batch: as in :func:`cocondenser_loss`; any number of rows ``2n``.
@@ -59,8 +94,9 @@ def cocondenser_gradcache_step(
     """
     core = unwrap(model)
     chunks = split_batch(batch, chunk_size)
-    counts = [int((c["labels"] != IGNORE_INDEX).sum()) for c in chunks]  # masked tokens per chunk
-    total = max(sum(counts), 1)
+    counts = [masked_count(c["labels"]) for c in chunks]  # masked tokens per chunk
+    total = max(global_masked_count(sum(counts), batch["labels"].device), 1)
+    world, rank = distributed.get_world_size(), distributed.get_rank()
 
     def rep_fn(m: nn.Module, chunk: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return core.encode(chunk["input_ids"], chunk["attention_mask"], chunk.get("token_type_ids"))
@@ -73,9 +109,11 @@ def cocondenser_gradcache_step(
         model,
         chunks,
         rep_fn,
-        lambda reps: cocondenser_contrastive_loss(reps, core.config.temperature),
+        lambda reps: cocondenser_contrastive_loss(
+            reps, core.config.temperature, distributed.gather_with_grad, rank
+        ),
         chunk_loss_fn,
-        chunk_weights=[c / total for c in counts],
+        chunk_weights=[c / total if world == 1 else world * c / total for c in counts],
         backward_fn=backward_fn,
     )
     return CoCondenserOutput(

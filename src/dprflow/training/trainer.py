@@ -55,7 +55,7 @@ class TrainArgs:
     warmup_ratio: float = 0.1
     head_learning_rate: float = 0.0  # weights the model created at random (0: learning_rate)
     epochs: int = 1
-    max_steps: int = 0  # 0: every epoch
+    max_steps: int = 0  # > 0: exactly this many optimizer steps, whatever epochs says; 0: epochs
     seed: int = 13
     checkpoint_every: int = 100
     max_grad_norm: float = 1.0
@@ -78,7 +78,13 @@ class OptimArgs:
         },
     )
     epochs: int = field(default=1, metadata={"help": "passes over the training examples"})
-    max_steps: int = field(default=0, metadata={"help": "stop after this many steps (0: all epochs)"})
+    max_steps: int = field(
+        default=0,
+        metadata={
+            "help": "train exactly this many optimizer steps, cycling over the examples as often as "
+            "needed and ignoring --epochs (as Hugging Face's max_steps); 0: --epochs passes"
+        },
+    )
     seed: int = field(default=13, metadata={"help": "random seed"})
     checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
     precision: str = field(
@@ -104,11 +110,13 @@ def epoch_order(n_items: int, seed: int, epoch: int) -> np.ndarray:
 
 
 def total_steps(n_items: int, args: TrainArgs) -> int:
+    """Optimizer steps of a stage: ``max_steps`` when set (a step budget: the examples are
+    cycled over in as many epochs as it takes, each in a new order, as Hugging Face's
+    ``max_steps``), else ``epochs`` passes of ``n_items // batch_size`` steps."""
     per_epoch = n_items // args.batch_size
     if per_epoch == 0:
         raise ValueError(f"{n_items} training queries are fewer than one batch of {args.batch_size}")
-    steps = per_epoch * args.epochs
-    return min(steps, args.max_steps) if args.max_steps else steps
+    return args.max_steps if args.max_steps else per_epoch * args.epochs
 
 
 def fingerprint(payload: dict[str, Any]) -> str:

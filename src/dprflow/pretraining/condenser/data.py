@@ -43,8 +43,10 @@ def mlm_batch(
     rng: np.random.Generator,
     mlm_probability: float = 0.15,
     whole_word: bool = False,
+    whole_word_count: str = "words",
 ) -> dict[str, torch.Tensor]:
-    """``[CLS] piece [SEP]`` rows, padded, with BERT masking: input_ids, attention_mask, labels."""
+    """``[CLS] piece [SEP]`` rows, padded, with BERT masking: input_ids, attention_mask, labels
+    (``whole_word_count``: see :mod:`dprflow.pretraining.masking`)."""
     rows = [[tokenizer.cls_token_id, *p, tokenizer.sep_token_id] for p in pieces]
     length = max(len(r) for r in rows)
     input_ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
@@ -66,6 +68,7 @@ def mlm_batch(
         p=mlm_probability,
         whole_word=whole_word,
         word_ids=word_ids,
+        whole_word_count=whole_word_count,
     )
     return {"input_ids": masked.input_ids, "attention_mask": attention_mask, "labels": masked.labels}
 

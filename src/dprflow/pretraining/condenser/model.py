@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -126,7 +126,12 @@ class CoCondenserOutput(NamedTuple):
         return self._asdict()
 
 
-def cocondenser_contrastive_loss(cls: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def cocondenser_contrastive_loss(
+    cls: torch.Tensor,
+    temperature: float = 1.0,
+    gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    rank: int = 0,
+) -> torch.Tensor:
     """coCondenser's corpus-level contrastive loss over span pairs (coCondenser eq. 6).
 
     A batch holds two random spans of each of ``n`` documents. For span ``s_ij`` the positive is
@@ -139,14 +144,28 @@ def cocondenser_contrastive_loss(cls: torch.Tensor, temperature: float = 1.0) ->
     This is SimCLR's NT-Xent with random spans as the augmentation, on the raw inner product
     (``temperature = 1``) of the late [CLS] vectors.
 
-    Assumes: rows ``2i`` and ``2i + 1`` are the two spans of document ``i``.
+    Across processes the batch of eq. 6 is the *global* one: the training machinery passes
+    ``gather`` (concatenate over the processes in rank order, keeping the gradient, e.g.
+    :func:`dprflow.training.distributed.gather_with_grad`) and this process's ``rank``. Every
+    process then scores its own ``2m`` spans against all ``2n`` spans of all processes: global
+    row ``g = rank * 2m + r`` has its positive at ``g XOR 1`` (the partner is always on the same
+    process, ``2m`` being even) and itself masked out, as the authors' ``co_target`` does
+    (luyug/Condenser ``modeling.py``). The value returned is the mean over this process's rows,
+    so the mean over processes is eq. 7's mean over the ``2n`` global spans; with the summing
+    backward of ``gather_with_grad`` and DDP's averaging the update is the gradient of the
+    global loss (no rescaling by the world size; tested in ``tests/test_distributed.py``).
+
+    Assumes: rows ``2i`` and ``2i + 1`` are the two spans of document ``i``, on every process,
+    and every process holds as many rows.
 
     Args:
-        cls: ``[2n, H]`` late [CLS] vectors ``h_ij`` (``CondenserOutput.cls``).
+        cls: ``[2m, H]`` late [CLS] vectors ``h_ij`` of this process (``CondenserOutput.cls``).
         temperature: the inner products are divided by it.
+        gather: ``[2m, H] -> [2n, H]`` over processes; ``None``: one process (``2m = 2n``).
+        rank: this process's place in ``gather``'s order.
 
     Returns:
-        Scalar, the mean over the ``2n`` spans.
+        Scalar, the mean over this process's ``2m`` spans.
 
     Example::
 
@@ -157,11 +176,13 @@ def cocondenser_contrastive_loss(cls: torch.Tensor, temperature: float = 1.0) ->
         raise ValueError(
             f"expected [2n, H] span vectors (two adjacent spans per document), got {tuple(cls.shape)}"
         )
-    scores = cls @ cls.T / temperature  # [2n, 2n]
-    self_pair = torch.eye(cls.size(0), dtype=torch.bool, device=cls.device)
+    every = cls if gather is None else gather(cls)  # [2n, H], rank r's rows at r*2m:(r+1)*2m
+    rows = torch.arange(cls.size(0), device=cls.device) + rank * cls.size(0)  # global row g
+    scores = cls @ every.T / temperature  # [2m, 2n]
+    self_pair = torch.zeros_like(scores, dtype=torch.bool)
+    self_pair[torch.arange(cls.size(0), device=cls.device), rows] = True
     scores = scores.masked_fill(self_pair, float("-inf"))  # I_{ij != kl}: a span is not its own negative
-    sibling = torch.arange(cls.size(0), device=cls.device) ^ 1  # 2i <-> 2i + 1
-    return F.cross_entropy(scores, sibling)
+    return F.cross_entropy(scores, rows ^ 1)  # the positive of g is g XOR 1 (2i <-> 2i + 1)
 
 
 class Condenser(nn.Module):
@@ -371,7 +392,13 @@ def unwrap(model: nn.Module) -> Condenser:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-def cocondenser_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> CoCondenserOutput:
+def cocondenser_loss(
+    model: nn.Module,
+    batch: Mapping[str, torch.Tensor],
+    gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    rank: int = 0,
+    mlm_weight: float = 1.0,
+) -> CoCondenserOutput:
     """The coCondenser loss of a full batch in one forward (coCondenser eq. 7).
 
     ``L = 1/2n sum_ij [L_ij^mlm + L_ij^co]``: the contrastive part is the mean of eq. 6 over the
@@ -383,8 +410,12 @@ def cocondenser_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> CoC
     Args:
         model: a :class:`Condenser` (or its DDP wrapper).
         batch: ``input_ids``, ``attention_mask``, ``labels`` (and optionally ``token_type_ids``),
-            each ``[2n, L]``, rows ``2i`` and ``2i + 1`` the two spans of document ``i``.
+            each ``[2m, L]``, rows ``2i`` and ``2i + 1`` the two spans of document ``i``.
+        gather, rank: across processes, see :func:`cocondenser_contrastive_loss`.
+        mlm_weight: multiplies this process's MLM loss in ``loss``; across processes the
+            training machinery passes ``world * local masked tokens / global masked tokens`` so
+            that the averaged gradient is that of the global token mean (1 with one process).
     """
     out = model(**batch)
-    contrastive = cocondenser_contrastive_loss(out.cls, unwrap(model).config.temperature)
-    return CoCondenserOutput(out.loss + contrastive, contrastive, out.head_mlm, out.backbone_mlm)
+    contrastive = cocondenser_contrastive_loss(out.cls, unwrap(model).config.temperature, gather, rank)
+    return CoCondenserOutput(mlm_weight * out.loss + contrastive, contrastive, out.head_mlm, out.backbone_mlm)

@@ -1,7 +1,15 @@
 """Positive pairs from single documents for Contriever's contrastive pre-training (Contriever §3.1.2).
 
-A document is a list of token ids (no special tokens), cut to its first ``max_doc_tokens``
-(256 in Contriever Appendix A). Two ways to make the two views of a pair:
+A "document" of Contriever Appendix A ("documents of 256 tokens") is a window of the corpus's
+token stream: the tokens of every document (no special tokens), concatenated in corpus order
+with no separator, cut into consecutive windows of ``max_doc_tokens`` = 256 tokens
+(:func:`stream_documents`; facebookresearch/contriever ``preprocess.py`` and ``src/data.py``), so
+every token of a long document is used and a window may straddle two documents. The reference
+drops the last partial window and shifts the windows by a random offset each epoch; here the
+offset is 0 and the last partial window is kept as a shorter document (when it holds 2 tokens or
+more), so every token is in exactly one window in every epoch. The previous behaviour, each
+document cut to its first ``max_doc_tokens`` tokens, is :func:`first_tokens` (not the paper's).
+Two ways to make the two views of a pair:
 
 - ``"crop"``, independent cropping (§3.1.2): two spans drawn independently, each contiguous,
   its length a uniformly random fraction ``r ~ U[ratio_min, ratio_max]`` of the document length
@@ -20,8 +28,12 @@ after the crop, each token independently, by one uniform draw ``u``: deleted if
 else replaced by ``[MASK]`` if ``u < p_delete + p_replace + p_mask``. The paper deletes *words*;
 this deletes WordPiece tokens. Appendix A's default is word deletion with probability 20%
 (``p_delete = 0.2``); Table 4 reports that, after fine-tuning, deletion and replacement slightly
-hurt, so 0 is a reasonable ablation. A view never loses all its tokens (if every token is
-drawn for deletion, its first token is kept).
+hurt, so 0 is a reasonable ablation. (The released script ``contriever.sh`` deletes 10%.)
+
+Edge cases, both impossible in the reference at paper scale (a 256-token window and
+``r >= 0.05`` give crops of at least 12 tokens): a crop of ``int(r * n) == 0`` tokens (a short
+last window) is one token (``max(1, .)``); a view whose every token was drawn for deletion keeps
+its first token, where the reference would give an empty ``[CLS] [SEP]`` view.
 
 All randomness comes from the ``np.random.Generator`` passed in, so a batch is a pure function of
 the Trainer's ``(seed, step)`` generator (resume-safe).
@@ -42,6 +54,33 @@ def check_pair_mode(mode: str) -> str:
     if mode not in PAIR_MODES:
         raise ValueError(f"unknown pair mode {mode!r}; allowed: {', '.join(PAIR_MODES)}")
     return mode
+
+
+def stream_documents(
+    docs: Sequence[Sequence[int]], length: int, min_length: int = 2
+) -> tuple[list[list[int]], dict[str, int]]:
+    """Windows of ``length`` tokens of the concatenated token stream of ``docs`` (Contriever
+    Appendix A; module docstring), the last one shorter, and the counts: tokens, windows, and
+    whether the last window was dropped for holding fewer than ``min_length`` tokens."""
+    if length < 1:
+        raise ValueError(f"length must be >= 1, got {length}")
+    stream = np.fromiter((t for d in docs for t in d), dtype=np.int64)
+    windows = [stream[start : start + length].tolist() for start in range(0, len(stream), length)]
+    dropped = 0
+    if windows and len(windows[-1]) < min_length:
+        windows.pop()
+        dropped = 1
+    counts = {
+        "stream_tokens": int(len(stream)),
+        "stream_documents": len(windows),
+        "short_last_window_skipped": dropped,
+    }
+    return windows, counts
+
+
+def first_tokens(docs: Sequence[Sequence[int]], length: int) -> list[list[int]]:
+    """Each document cut to its first ``length`` tokens (not Appendix A: the rest is never used)."""
+    return [list(d[:length]) for d in docs]
 
 
 def span_length(rng: np.random.Generator, n: int, ratio_min: float, ratio_max: float) -> int:

@@ -3,7 +3,8 @@
 - :mod:`.model`: the encoder, the shallow decoder that sees only the encoder's [CLS] (the
   bottleneck) and its masked tokens, and the two MLM losses (CDMAE §3.1, eq. 1-5);
 - :mod:`.data`: the batches: random decoder masking (BMAE), importance-aware decoder masking
-  (CDMAE §3.2), a context span of the same document for the decoder (CoT-MAE);
+  (CDMAE §3.2), sentence spans of one document each encoded once and decoded once from the
+  other's [CLS] (CoT-MAE);
 - :mod:`.pmi`: n-gram counts of the corpus and their PMI (CDMAE §3.2, eq. 6-7);
 - :mod:`.importance_masking`: token importance as the mutual information it carries (AMI, eq. 8)
   and masking by it.

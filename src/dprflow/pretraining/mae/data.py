@@ -11,12 +11,21 @@ pieces inheriting their word's value) when n-gram statistics are given.
 * ``cdmae`` (CDMAE §3.2, Algorithm 1): as ``bmae``, but the decoder side is masked by token
   importance perturbed with N(0, sigma^2) noise (:func:`dprflow.pretraining.mae.importance_masking.importance_mask`);
   the encoder keeps random masking.
-* ``cotmae`` (CoT-MAE; query-as-context §2.2): a row is a pair of spans of one document, each of
-  ``span_min`` to ``span_max`` tokens; the anchor goes to the encoder (``p_enc`` 0.3), the
-  context to the decoder (``p_dec`` about 0.45). ``context="near"`` puts the context right
-  before or after the anchor (a side with room for at least ``span_min`` tokens, chosen at
-  random; when neither side has room it is drawn at random in the document, and counted);
-  ``"random"`` draws it anywhere in the document, as CoT-MAE's random sampling does.
+* ``cotmae`` (CoT-MAE, Wu et al. 2022, as its reference collator ``caskcsg/ir`` ``cotmae/`` does;
+  query-as-context §2.2): each document is cut once, at sentence boundaries, into contiguous
+  non-overlapping spans (:func:`segment_spans`: sentences are added until the span is longer
+  than a target of ``span_max`` tokens, or with probability 0.15 a random target in
+  ``[span_min, span_max]``; CoT-MAE's 128 and ``short_sentence_prob`` 0.15); documents with
+  fewer than two spans are skipped and counted. Each step picks an anchor span of the document
+  and a context span (:func:`context_span`): ``near`` (an adjacent span), ``random`` (any other
+  span), ``overlap`` (the anchor's last, or for the last span first, ``k`` sentences extended
+  with the following, or preceding, sentences to ``span_max`` tokens) or ``mixed`` (one of the
+  three at random per pair, the reference's default). With ``directions="both"`` (the
+  reference) each pair gives two rows: the anchor is once encoded and its context decoded, and
+  once the other way round (encoder rows ``[a_1, c_1, a_2, c_2, ...]``, decoder rows
+  ``[c_1, a_1, c_2, a_2, ...]``); ``"one"`` keeps anchor -> context only. Spans longer than
+  ``span_max`` tokens are cropped once at a random offset (the reference crops the mask and the
+  ids separately, a bug not copied). Encoder ratio ``p_enc`` 0.3, decoder ``p_dec`` 0.45.
 
 Both masks select exactly ``floor(n * p)`` of the ``n`` non-special tokens of a row, then apply
 BERT's 80/10/10 replacement. Every draw comes from the batch's own generator (resume-safe).
@@ -38,7 +47,9 @@ from dprflow.pretraining.masking import generator_from, special_tokens_mask
 log = logging.getLogger(__name__)
 
 VARIANTS = ("bmae", "cdmae", "cotmae")
-CONTEXTS = ("near", "random")
+CONTEXTS = ("near", "random", "overlap", "mixed")
+DIRECTIONS = ("both", "one")
+SHORT_SPAN_PROB = 0.15  # CoT-MAE make_cotmae_data.py short_sentence_prob: a shorter random target
 
 
 class TokenText(NamedTuple):
@@ -87,38 +98,147 @@ def chunk_texts(texts: Sequence[TokenText], length: int, min_length: int = 8) ->
     return chunks, dropped
 
 
-def sample_anchor_context(
-    rng: np.random.Generator, n_tokens: int, span_min: int, span_max: int, context: str
-) -> tuple[tuple[int, int], tuple[int, int], bool]:
-    """``(anchor, context, fell_back)``: two ``[start, stop)`` spans of a document of ``n_tokens``.
+class CotDocument(NamedTuple):
+    """A document cut into sentences and CoT-MAE spans (token offsets, no special tokens)."""
 
-    Lengths are uniform in ``[span_min, min(span_max, n_tokens)]``. ``fell_back`` is True when a
-    ``near`` context had no room on either side and was drawn at random instead.
-    """
-    if n_tokens < span_min:
-        raise ValueError(f"a document of {n_tokens} tokens is shorter than span_min={span_min}")
-    hi = min(span_max, n_tokens)
-    a_len = int(rng.integers(span_min, hi + 1))
-    a_start = int(rng.integers(0, n_tokens - a_len + 1))
-    anchor = (a_start, a_start + a_len)
-    c_len = int(rng.integers(span_min, hi + 1))
-    if context == "near":
-        sides = []
-        if a_start >= span_min:
-            sides.append("before")
-        if n_tokens - anchor[1] >= span_min:
-            sides.append("after")
-        if sides:
-            side = sides[int(rng.integers(len(sides)))]
-            if side == "before":
-                length = min(c_len, a_start)
-                return anchor, (a_start - length, a_start), False
-            length = min(c_len, n_tokens - anchor[1])
-            return anchor, (anchor[1], anchor[1] + length), False
-    elif context != "random":
-        raise ValueError(f"context must be one of {CONTEXTS}, got {context!r}")
-    c_start = int(rng.integers(0, n_tokens - c_len + 1))
-    return anchor, (c_start, c_start + c_len), context == "near"
+    ids: np.ndarray  # [n] int64, the document's tokens
+    sentences: np.ndarray  # [m + 1] token offset of each sentence start, then n
+    spans: np.ndarray  # [k + 1] sentence index of each span start, then m (k >= 2)
+
+
+def tokenize_sentences(
+    texts: Sequence[str], tokenizer, batch_size: int = 1024
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each text's tokens (no special tokens) and its sentence offsets ``[m + 1]``: the sentences
+    of :func:`dprflow.data.passages.split_sentences`, tokenized one by one (WordPiece splits at
+    white space, so their concatenation is the text's tokenization)."""
+    from dprflow.data.passages import split_sentences
+
+    sentences = [split_sentences(t) for t in texts]
+    flat = [s for doc in sentences for s in doc]
+    ids: list[list[int]] = []
+    for start in range(0, len(flat), batch_size):
+        ids.extend(tokenizer(flat[start : start + batch_size], add_special_tokens=False)["input_ids"])
+    out, at = [], 0
+    for doc in sentences:
+        pieces = [p for p in ids[at : at + len(doc)] if p]  # empty sentences skipped (reference)
+        at += len(doc)
+        lengths = [len(p) for p in pieces]
+        tokens = np.asarray([t for p in pieces for t in p], dtype=np.int64)
+        out.append((tokens, np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])))
+    return out
+
+
+def segment_spans(
+    rng: np.random.Generator, sentence_lengths: Sequence[int], span_min: int, span_max: int
+) -> np.ndarray:
+    """Sentence indices ``[k + 1]`` cutting a document into contiguous spans (CoT-MAE
+    ``_base_encode_one_span``): whole sentences are added to a span until it holds *more* than
+    its target, ``span_max`` tokens, or with probability 0.15 a random target in ``[span_min,
+    span_max]``; the last span holds the rest. A span may so overshoot by one sentence (cropped
+    to ``span_max`` when used)."""
+    bounds = [0]
+    length = 0
+    target = _span_target(rng, span_min, span_max)
+    for i, n in enumerate(sentence_lengths):
+        length += n
+        if length > target:
+            bounds.append(i + 1)
+            length = 0
+            target = _span_target(rng, span_min, span_max)
+    if bounds[-1] != len(sentence_lengths):
+        bounds.append(len(sentence_lengths))
+    return np.asarray(bounds, dtype=np.int64)
+
+
+def _span_target(rng: np.random.Generator, span_min: int, span_max: int) -> int:
+    if rng.random() < SHORT_SPAN_PROB:
+        return int(rng.integers(span_min, span_max + 1))
+    return span_max
+
+
+def cotmae_documents(
+    texts: Sequence[str], tokenizer, rng: np.random.Generator, span_min: int, span_max: int
+) -> tuple[list[CotDocument], dict[str, int]]:
+    """The documents CoT-MAE trains on, each cut once into spans (:func:`segment_spans`), and
+    the counts of what was kept: documents with fewer than two spans are skipped (reference)."""
+    docs, skipped = [], 0
+    for ids, sentences in tokenize_sentences(texts, tokenizer):
+        spans = segment_spans(rng, np.diff(sentences), span_min, span_max)
+        if len(spans) < 3:
+            skipped += 1
+            continue
+        docs.append(CotDocument(ids, sentences, spans))
+    counts = {"documents": len(texts), "documents_with_fewer_than_two_spans_skipped": skipped}
+    counts["training_documents"] = len(docs)
+    return docs, counts
+
+
+def context_span(
+    doc: CotDocument, anchor: int, mode: str, rng: np.random.Generator, span_max: int
+) -> tuple[int, int]:
+    """``[start, stop)`` token offsets of the context of span ``anchor`` (CoT-MAE
+    ``make_cotmae_data.py``): ``near`` an adjacent span; ``random`` any other span; ``overlap``
+    the last ``k`` sentences of the anchor (the first ``k`` for the last span), ``k`` uniform in
+    ``1..s//2`` for an anchor of ``s`` sentences (1 when ``s//2 < 2``), extended by the following
+    (preceding) sentences until it holds ``span_max`` tokens; ``mixed`` one of the three at random."""
+    n_spans = len(doc.spans) - 1
+    if mode == "mixed":
+        mode = ("near", "random", "overlap")[int(rng.integers(3))]
+    if mode in ("near", "random"):
+        if mode == "near":
+            choices = [i for i in (anchor - 1, anchor + 1) if 0 <= i < n_spans]
+        else:
+            choices = [i for i in range(n_spans) if i != anchor]
+        other = choices[int(rng.integers(len(choices)))]
+        return int(doc.sentences[doc.spans[other]]), int(doc.sentences[doc.spans[other + 1]])
+    if mode != "overlap":
+        raise ValueError(f"context must be one of {CONTEXTS}, got {mode!r}")
+    first, stop = int(doc.spans[anchor]), int(doc.spans[anchor + 1])  # sentence indices
+    half = (stop - first) // 2
+    k = int(rng.integers(1, half + 1)) if half >= 2 else 1
+    n_sentences = len(doc.sentences) - 1
+    if anchor < n_spans - 1:  # the anchor's last k sentences, then the following ones
+        lo, hi = stop - k, stop
+        while hi < n_sentences and doc.sentences[hi] - doc.sentences[lo] < span_max:
+            hi += 1
+    else:  # the last span: its first k sentences, then the preceding ones
+        lo, hi = first, first + k
+        while lo > 0 and doc.sentences[hi] - doc.sentences[lo] < span_max:
+            lo -= 1
+    return int(doc.sentences[lo]), int(doc.sentences[hi])
+
+
+def crop(rng: np.random.Generator, start: int, stop: int, span_max: int) -> tuple[int, int]:
+    """A random window of ``span_max`` tokens of ``[start, stop)`` when it is longer."""
+    if stop - start <= span_max:
+        return start, stop
+    offset = int(rng.integers(0, stop - start - span_max + 1))
+    return start + offset, start + offset + span_max
+
+
+def cotmae_rows(
+    docs: Sequence[CotDocument], rng: np.random.Generator, span_max: int, context: str, directions: str
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Encoder and decoder rows of a CoT-MAE batch (module docstring): per document an anchor
+    span uniformly and its context; ``both`` directions gives rows ``2i`` (anchor -> context)
+    and ``2i + 1`` (context -> anchor)."""
+    if directions not in DIRECTIONS:
+        raise ValueError(f"directions must be one of {DIRECTIONS}, got {directions!r}")
+    enc, dec = [], []
+    for doc in docs:
+        anchor = int(rng.integers(len(doc.spans) - 1))
+        a = crop(
+            rng, int(doc.sentences[doc.spans[anchor]]), int(doc.sentences[doc.spans[anchor + 1]]), span_max
+        )
+        c = crop(rng, *context_span(doc, anchor, context, rng, span_max), span_max)
+        a_ids, c_ids = doc.ids[a[0] : a[1]], doc.ids[c[0] : c[1]]
+        enc.append(a_ids)
+        dec.append(c_ids)
+        if directions == "both":
+            enc.append(c_ids)
+            dec.append(a_ids)
+    return enc, dec
 
 
 def pad_rows(rows: Sequence[np.ndarray], tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -144,27 +264,19 @@ def mae_batch(
     p_enc: float,
     p_dec: float,
     sigma: float = 1.0,
-    span_min: int = 16,
     span_max: int = 64,
-    context: str = "near",
+    context: str = "mixed",
+    directions: str = "both",
 ) -> dict[str, torch.Tensor]:
     """The encoder and decoder inputs and labels of one batch (see the module docstring): the
-    keyword arguments of :meth:`BottleneckedMAE.forward`, plus ``fallbacks`` (how many ``near``
-    contexts were drawn at random), which the caller pops before the call.
+    keyword arguments of :meth:`BottleneckedMAE.forward`.
 
-    ``items`` are chunks (``bmae``, ``cdmae``; ``cdmae`` needs their importance) or documents
-    (``cotmae``).
+    ``items`` are chunks (``bmae``, ``cdmae``; ``cdmae`` needs their importance) or
+    :class:`CotDocument` s (``cotmae``, :func:`cotmae_documents`).
     """
     if variant == "cotmae":
-        enc_rows, dec_rows, fallbacks = [], [], 0
-        for it in items:
-            (a0, a1), (c0, c1), fell = sample_anchor_context(rng, len(it.ids), span_min, span_max, context)
-            enc_rows.append(it.ids[a0:a1])
-            dec_rows.append(it.ids[c0:c1])
-            fallbacks += fell
-        batch = pair_mae_batch(enc_rows, dec_rows, tokenizer, rng, p_enc=p_enc, p_dec=p_dec)
-        batch["fallbacks"] = torch.tensor(float(fallbacks))
-        return batch
+        enc_rows, dec_rows = cotmae_rows(items, rng, span_max, context, directions)
+        return pair_mae_batch(enc_rows, dec_rows, tokenizer, rng, p_enc=p_enc, p_dec=p_dec)
     if variant not in ("bmae", "cdmae"):
         raise ValueError(f"unknown MAE variant {variant!r}; allowed: {', '.join(VARIANTS)}")
     # One chunk on both sides, masked twice: at random for the encoder; at random (bmae) or by
@@ -208,7 +320,7 @@ def pair_mae_batch(
 
 
 def _forward_inputs(enc_input, enc_attention, enc_labels, dec_input, dec_attention, dec_labels):
-    """The keyword arguments of :meth:`BottleneckedMAE.forward`, ``fallbacks`` 0 (set by the caller)."""
+    """The keyword arguments of :meth:`BottleneckedMAE.forward`."""
     return dict(
         enc_input_ids=enc_input,
         enc_attention_mask=enc_attention,
@@ -216,5 +328,4 @@ def _forward_inputs(enc_input, enc_attention, enc_labels, dec_input, dec_attenti
         dec_input_ids=dec_input,
         dec_attention_mask=dec_attention,
         dec_labels=dec_labels,
-        fallbacks=torch.tensor(0.0),
     )

@@ -4,7 +4,7 @@ CDMAE (Challenging Decoder MAE, §3.2) masks the decoder input by token importan
 without supervision from corpus n-gram statistics. For a word ``w_i`` of a text and window ``L``
 (eq. 8)::
 
-    AMI(w_i) = mean_{n=2..L} PMI(w_{i-n+1} .. w_i)  +  mean_{n=2..L} PMI(w_i .. w_{i+n-1})
+    AMI(w_i) = 1/(L-1) sum_{n=2..L} PMI(w_{i-n+1} .. w_i)  +  1/(L-1) sum_{n=2..L} PMI(w_i .. w_{i+n-1})
 
 and PMI generalises the paper's bigram PMI (eq. 7) to n-grams by the full factorisation::
 
@@ -18,12 +18,17 @@ natural. Decisions where the paper is silent:
 * **Per occurrence, in context.** Eq. 8 is written "for each word w_i in sentence S" over its
   neighbours, so importance belongs to a word *occurrence*: the same word gets different values
   in different texts. :func:`word_importance` returns one value per word of each text.
-* **Edges.** The means run over the n-grams that fit inside the text (an n-gram never crosses
-  from one text into the next); a side with no n-gram (the first or last word, or a text of one
-  word) contributes 0. The paper's fixed ``1/(L-1)`` would instead treat missing n-grams as PMI 0
-  and push the importance of edge words towards 0.
-* **Texts, not sentences.** The unit is whatever text is passed (a passage). N-grams cross
-  sentence boundaries within it; pass sentences as texts to avoid that.
+* **Edges, as eq. 8 writes them** (``divisor="fixed"``, the default): each side is a sum over
+  the ``L - 1`` n-grams of orders ``2..L`` that end (left) or start (right) at ``w_i``, times the
+  fixed ``1/(L-1)``; an n-gram that does not fit (it would run past the sentence or the text)
+  contributes nothing, so an edge word's importance is pulled towards 0, as the formula says.
+  ``divisor="mean"`` divides each side by the number of n-grams that fit instead (a side with
+  none contributes 0), the behaviour before this followed eq. 8.
+* **Inside the sentence** (eq. 8 is written "for each word w_i in sentence S"): an n-gram counts
+  only if it lies inside one sentence of the text. A sentence ends at a word ``.``, ``!`` or
+  ``?`` (included in it) or at the end of the text; ``sentences=False`` lets n-grams cross
+  sentence ends within a text. Counting (:func:`count_shard`) is per text: the probabilities are
+  corpus statistics, the sentence only bounds which n-grams a word's importance sums.
 * **Unseen n-grams.** A count that is absent (an n-gram of a text outside the counted corpus, or
   one pruned below ``min_count``) is taken as 1, i.e. as if seen once. With ``min_count=2`` and
   texts from the counted corpus this is exact (pruned n-grams were seen exactly once).
@@ -733,13 +738,36 @@ def merge_files(
 # Importance (eq. 7-8)
 
 
-def _ami(ws: Words, stats: NgramCounts, window: int) -> np.ndarray:
+DIVISORS = ("fixed", "mean")
+_SENTENCE_END_HASHES = None
+
+
+def _sentence_remaining(ws: Words) -> np.ndarray:
+    """For each word, how many words its sentence still holds from it on (itself included): a
+    sentence ends at a word ``.``, ``!`` or ``?`` or at the end of the text."""
+    global _SENTENCE_END_HASHES
+    if _SENTENCE_END_HASHES is None:
+        _SENTENCE_END_HASHES = split_words([".", "!", "?"]).hashes
+    n = len(ws.hashes)
+    index = np.arange(n)
+    is_end = np.isin(ws.hashes, _SENTENCE_END_HASHES)
+    is_end[ws.offsets[1:][ws.offsets[1:] > 0] - 1] = True  # the last word of every text
+    next_end = np.where(is_end, index, n)
+    next_end = np.minimum.accumulate(next_end[::-1])[::-1]
+    return next_end - index + 1
+
+
+def _ami(
+    ws: Words, stats: NgramCounts, window: int, divisor: str = "fixed", sentences: bool = True
+) -> np.ndarray:
     """AMI of every word of ``ws`` (float64), see the module docstring."""
+    if divisor not in DIVISORS:
+        raise ValueError(f"divisor must be one of {DIVISORS}, got {divisor!r}")
     n_words = len(ws.hashes)
     ami = np.zeros(n_words)
     if n_words == 0 or window < 2:
         return ami
-    remaining = ws.remaining()
+    remaining = np.minimum(ws.remaining(), _sentence_remaining(ws)) if sentences else ws.remaining()
     log_t = np.log(np.maximum(stats.totals, 1).astype(np.float64))
     start_sum = np.zeros(n_words)
     start_cnt = np.zeros(n_words)
@@ -759,6 +787,8 @@ def _ami(ws: Words, stats: NgramCounts, window: int) -> np.ndarray:
         start_cnt[:m] += valid
         end_sum[n - 1 :] += pmi  # the n-gram starting at i ends at i + n - 1
         end_cnt[n - 1 :] += valid
+    if divisor == "fixed":  # eq. 8: 1/(L-1) per side, whatever fits
+        return (start_sum + end_sum) / (window - 1)
     ami += np.divide(start_sum, start_cnt, out=np.zeros(n_words), where=start_cnt > 0)
     ami += np.divide(end_sum, end_cnt, out=np.zeros(n_words), where=end_cnt > 0)
     return ami
@@ -771,13 +801,20 @@ def _window(stats: NgramCounts, window: int | None) -> int:
     return window
 
 
-def word_importance(texts: Sequence[str], stats: NgramCounts, window: int | None = None) -> list[np.ndarray]:
+def word_importance(
+    texts: Sequence[str],
+    stats: NgramCounts,
+    window: int | None = None,
+    divisor: str = "fixed",
+    sentences: bool = True,
+) -> list[np.ndarray]:
     """AMI (eq. 8) of each word occurrence of each text, float32, aligned with :func:`words`.
 
-    ``window`` is ``L`` (default: ``stats.max_n``; the paper uses 4).
+    ``window`` is ``L`` (default: ``stats.max_n``; the paper uses 4); ``divisor`` and
+    ``sentences``: see the module docstring (the defaults are eq. 8's).
     """
     ws = split_words(texts)
-    ami = _ami(ws, stats, _window(stats, window)).astype(np.float32)
+    ami = _ami(ws, stats, _window(stats, window), divisor, sentences).astype(np.float32)
     return np.split(ami, ws.offsets[1:-1])
 
 
@@ -791,6 +828,8 @@ def token_importance(
     special_value: float = float("-inf"),
     outside_value: float = 0.0,
     encoding=None,
+    divisor: str = "fixed",
+    sentences: bool = True,
 ) -> list[np.ndarray]:
     """Per-token importance aligned with ``tokenizer(texts, truncation=..., max_length=...)``.
 
@@ -825,7 +864,7 @@ def token_importance(
         )
     enc = encoding
     ws = split_words(texts)
-    ami = _ami(ws, stats, _window(stats, window))
+    ami = _ami(ws, stats, _window(stats, window), divisor, sentences)
     out = []
     for d, (offsets, special) in enumerate(
         zip(enc["offset_mapping"], enc["special_tokens_mask"], strict=True)
