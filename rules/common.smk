@@ -8,6 +8,7 @@
 
 import json
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -67,6 +68,15 @@ def systems():
         for seed in finetune_seeds():
             rows += [f"{method}/seed-{seed}/{stage}" for stage in STAGES]
     return rows
+
+
+def comparison_rows():
+    """The rows of the comparison: each system with its seed folded away (<method>/<stage>)."""
+    return list(dict.fromkeys(re.sub("/seed-[0-9]+/", "/", s) for s in systems()))
+
+
+# The baseline must be one of them: checked now, not when the comparison is made.
+check_baseline(config, comparison_rows())
 
 
 # ---- config sections and method families --------------------------------------------------------

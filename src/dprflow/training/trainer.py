@@ -302,7 +302,9 @@ class Trainer:
             old = json.loads((ckpt / IDENTITY_FILE).read_text())
         except (OSError, ValueError):
             return "the checkpoint records no identity details"
-        return describe_difference(old, json.loads(json.dumps(self.identity_payload, default=str))) or "unknown"
+        return (
+            describe_difference(old, json.loads(json.dumps(self.identity_payload, default=str))) or "unknown"
+        )
 
     # -- the loop ---------------------------------------------------------------------------
     def epoch_and_index(self, step: int) -> tuple[int, int]:
@@ -418,7 +420,10 @@ def state_bytes(state: Any) -> int:
 def describe_difference(old: Any, new: Any, where: str = "") -> str:
     """The leaves that differ between two JSON-like values, as ``key: old -> new``."""
     if isinstance(old, dict) and isinstance(new, dict):
-        parts = [describe_difference(old.get(k), new.get(k), f"{where}.{k}" if where else str(k)) for k in sorted(set(old) | set(new))]
+        parts = [
+            describe_difference(old.get(k), new.get(k), f"{where}.{k}" if where else str(k))
+            for k in sorted(set(old) | set(new))
+        ]
         return "; ".join(p for p in parts if p)
     if old == new:
         return ""
