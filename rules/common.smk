@@ -37,6 +37,18 @@ wildcard_constraints:
     system=f"bm25|[A-Za-z0-9_-]+/(zeroshot|seed-[0-9]+/({'|'.join(STAGES)}))",
 
 
+def local_paths(*values):
+    """The settings among ``values`` that name an existing local file or folder, as inputs of the
+    rules that read them (a changed or missing one then reruns or fails like any input); a hub id
+    or a packaged model's name is not a path and is left out."""
+    return [v for v in values if v and os.path.exists(v)]
+
+
+def model_init_input(wildcards):
+    """model.init when it is a local folder: an input of every rule that reads it."""
+    return local_paths(config["model"]["init"])
+
+
 def stage_code(name):
     """The stage module's file: an input of its rule, so editing the stage reruns it."""
     return os.path.join(SRC, "dprflow", "stages", f"{name}.py")

@@ -6,6 +6,11 @@ def reranker_init():
     return FT["reranker"]["init"] or config["model"]["init"]
 
 
+def reranker_init_input(wildcards):
+    """The reranker's initial model when it is a local folder."""
+    return local_paths(reranker_init())
+
+
 def reranker_pooling():
     """The cross-encoder head's pooling: as configured, else the pooling model.init was trained
     with when the reranker starts from it (mean for all-MiniLM-L6-v2), else BERT's [CLS] pooler.
@@ -22,7 +27,7 @@ def reranker_flags(wildcards):
         f"--pooling {reranker_pooling()}"
         + optim_flags(r)
         + f" --max-length {r['max_length']} --head-learning-rate {r['head_learning_rate']}"
-        + f" --seed {wildcards.seed} --checkpoint-every {FT['checkpoint_every']}"
+        + f" --seed {wildcards.seed}"
     )
 
 
@@ -45,6 +50,7 @@ def rerank_runtime(wildcards):
 rule train_reranker:
     input:
         code=stage_code("train_reranker"),
+        init=reranker_init_input,
         queries=rules.ingest.output.queries,
         qrels=rules.ingest.output.qrels,
         passages=rules.split_passages.output.passages,
@@ -63,6 +69,8 @@ rule train_reranker:
     resources:
         mem_mb=train_reranker_mem_mb,
         runtime=train_reranker_runtime,
+        # how often to save, not what is trained: a resource, so changing it reruns nothing
+        checkpoint_every=FT["checkpoint_every"],
     params:
         launch=training_launcher,
         init=reranker_init(),
@@ -73,7 +81,8 @@ rule train_reranker:
         "{params.launch} -m dprflow.stages.train_reranker --init {params.init} --queries {input.queries}"
         " --qrels {input.qrels} --passages {input.passages} --negatives {input.negatives}"
         " --split {params.split} --out {output.model} --checkpoint-dir {params.checkpoints}"
-        " {params.flags} --threads {threads} > {log} 2>&1"
+        " {params.flags} --checkpoint-every {resources.checkpoint_every} --mem-mb {resources.mem_mb}"
+        " --threads {threads} > {log} 2>&1"
 
 
 rule rerank:

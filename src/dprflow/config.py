@@ -219,8 +219,31 @@ def _check_lengths(config: dict) -> list[str]:
     return problems
 
 
+def _check_paths(config: dict) -> list[str]:
+    """Settings that can only name a local file or folder must name one that exists: Snakemake would
+    otherwise keep an existing output whose configured input is missing (its producer's missing
+    input is ignored when the output is on disk)."""
+    paths = [
+        (f"collections.{n}.path", s["path"])
+        for n, s in config["collections"].items()
+        if s["source"] == "beir"
+    ]
+    corpus = config["pretrain"]["generic_corpus"]
+    if corpus.get("path"):
+        paths.append(("pretrain.generic_corpus.path", corpus["path"]))
+    elif corpus["source"] != "pydoc":
+        return [f"pretrain.generic_corpus.path: source {corpus['source']!r} needs a path"]
+    return [f"{key} = {value!r} does not exist" for key, value in paths if not Path(value).exists()]
+
+
 def _check_values(config: dict) -> list[str]:
-    return _check_splits(config) + _check_metrics(config) + _check_ranges(config) + _check_lengths(config)
+    return (
+        _check_paths(config)
+        + _check_splits(config)
+        + _check_metrics(config)
+        + _check_ranges(config)
+        + _check_lengths(config)
+    )
 
 
 def check_baseline(config: dict, rows: list[str]) -> None:

@@ -204,7 +204,9 @@ class Trainer:
         self.step_fn = step_fn
         self.save_fn = save_fn
         self.checkpoint_dir = Path(checkpoint_dir)
-        self.identity_payload = {"identity": identity, "args": asdict(args), "world": self.dist.world_size}
+        # How often checkpoints are written does not change what they hold: resumable across it.
+        optim = {k: v for k, v in asdict(args).items() if k != "checkpoint_every"}
+        self.identity_payload = {"identity": identity, "args": optim, "world": self.dist.world_size}
         self.identity = fingerprint(self.identity_payload)
         if args.batch_size % self.dist.world_size:
             raise ValueError(
@@ -435,8 +437,9 @@ def mean_of(values: Sequence[float]) -> float:
 
 
 # Stage arguments that describe where things go or how fast, not what is trained: they do not
-# enter the checkpoint identity, so moving the output or changing threads still resumes.
-NON_IDENTITY_ARGS = ("out", "checkpoint_dir", "threads", "training_queries", "mem_mb")
+# enter the checkpoint identity, so moving the output or changing threads, the checkpoint
+# interval or the job's memory still resumes.
+NON_IDENTITY_ARGS = ("out", "checkpoint_dir", "threads", "training_queries", "mem_mb", "checkpoint_every")
 
 
 def train_args_from(args: Any) -> TrainArgs:
