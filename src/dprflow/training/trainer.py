@@ -292,9 +292,10 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["torch_rng"])
+        # map_location moved every tensor to the device; the generators take CPU byte tensors.
+        torch.set_rng_state(state["torch_rng"].cpu())
         if state["cuda_rng"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
+            torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
         log.info("resumed from %s at step %d of %d", ckpt, state["step"], self.steps)
         return int(state["step"])
 
