@@ -396,10 +396,17 @@ class Trainer:
         keys = list(dict.fromkeys(k for row in history for k in row))
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(history)
+        try:
+            with open(tmp, "w", newline="") as fh:
+                writer = csv.DictWriter(fh, fieldnames=keys)
+                writer.writeheader()
+                writer.writerows(history)
+        except OSError as exc:
+            full = disk_full_error(exc, tmp)
+            tmp.unlink(missing_ok=True)
+            if full is None:
+                raise
+            raise full from exc
         os.replace(tmp, path)
 
     def finish(self) -> None:
