@@ -64,6 +64,7 @@ rule split_passages:
     input:
         code=stage_code("split_passages"),
         documents=rules.ingest.output.documents,
+        model=model_init_input,
     output:
         passages=f"{RESULTS}/{{collection}}/passages.parquet",
     log:

@@ -8,6 +8,7 @@
 
 import json
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -37,6 +38,18 @@ wildcard_constraints:
     method="[A-Za-z0-9_-]+",
     # bm25, <method>/zeroshot, or <method>/seed-<seed>/<stage> (a fine-tuned row of one seed)
     system=f"bm25|[A-Za-z0-9_-]+/(zeroshot|seed-[0-9]+/({'|'.join(STAGES)}))",
+
+
+def local_paths(*values):
+    """The settings among ``values`` that name an existing local file or folder, as inputs of the
+    rules that read them (a changed or missing one then reruns or fails like any input); a hub id
+    or a packaged model's name is not a path and is left out."""
+    return [v for v in values if v and os.path.exists(v)]
+
+
+def model_init_input(wildcards):
+    """model.init when it is a local folder: an input of every rule that reads it."""
+    return local_paths(config["model"]["init"])
 
 
 def stage_code(name):
@@ -74,6 +87,15 @@ def systems():
         for seed in finetune_seeds():
             rows += [f"{method}/seed-{seed}/{stage}" for stage in STAGES]
     return rows
+
+
+def comparison_rows():
+    """The rows of the comparison: each system with its seed folded away (<method>/<stage>)."""
+    return list(dict.fromkeys(re.sub("/seed-[0-9]+/", "/", s) for s in systems()))
+
+
+# The baseline must be one of them: checked now, not when the comparison is made.
+check_baseline(config, comparison_rows())
 
 
 # ---- config sections and method families --------------------------------------------------------

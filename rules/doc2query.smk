@@ -3,9 +3,10 @@
 
 
 def doc2query_model_input(wildcards):
-    """The trained generator folder, unless config names a ready seq2seq model."""
+    """The trained generator folder, unless config names a ready seq2seq model (an input when it
+    is a local folder)."""
     if PT["doc2query"]["model"]:
-        return []
+        return local_paths(PT["doc2query"]["model"])
     return [f"{RESULTS}/{wildcards.collection}/doc2query/model"]
 
 
@@ -28,7 +29,7 @@ def train_doc2query_flags(wildcards):
         "epochs",
         "max_steps",
     ]
-    flags = f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']} {train_flags(d['train'], keys)}"
+    flags = f"--seed {FT['seed']} {train_flags(d['train'], keys)}"
     return flags + f" --eval-splits {' '.join(eval_splits_of(wildcards))}"
 
 
@@ -57,6 +58,7 @@ def doc2query_flags(wildcards):
 rule train_doc2query:
     input:
         code=stage_code("train_doc2query"),
+        init=model_init_input,
         queries=rules.ingest.output.queries,
         qrels=rules.ingest.output.qrels,
         passages=rules.split_passages.output.passages,
@@ -72,6 +74,8 @@ rule train_doc2query:
     resources:
         mem_mb=8000,
         runtime=720,
+        # how often to save, not what is trained: a resource, so changing it reruns nothing
+        checkpoint_every=FT["checkpoint_every"],
     params:
         launch=training_launcher,
         init=config["model"]["init"],
@@ -82,7 +86,7 @@ rule train_doc2query:
         "{params.launch} -m dprflow.stages.train_doc2query --init {params.init}"
         " --queries {input.queries} --qrels {input.qrels} --passages {input.passages}"
         " --split {params.split} --out {output.model} --checkpoint-dir {params.checkpoints}"
-        " {params.flags} --threads {threads} > {log} 2>&1"
+        " {params.flags} --checkpoint-every {resources.checkpoint_every} --threads {threads} > {log} 2>&1"
 
 
 rule doc2query:

@@ -16,6 +16,23 @@ def paper_references():
     return " ".join(shlex.quote(p) for p in pairs)
 
 
+def scored_splits():
+    """collection=split pairs: the query split each collection's comparison scores."""
+    return " ".join(
+        shlex.quote(f"{c}={spec['eval_split']}")
+        for c, spec in config["collections"].items()
+    )
+
+
+def trained_on_collections():
+    """Collections whose scored split is their training split (score_training_queries)."""
+    return " ".join(
+        shlex.quote(c)
+        for c, spec in config["collections"].items()
+        if spec["eval_split"] == spec["train_split"]
+    )
+
+
 def metrics_files():
     return [
         f"{RESULTS}/{c}/{s}/metrics.parquet"
@@ -86,9 +103,12 @@ rule compare:
         baseline=config["evaluation"]["baseline"],
         results=compare_results_dir,
         paper_references=paper_references(),
+        splits=scored_splits(),
+        trained_on=trained_on_collections(),
     shell:
         "python -m dprflow.stages.compare --metrics-files {input.metrics} --results-dir {params.results}"
         " --encoder-files {input.encoders} --out-md {output.md} --out-csv {output.csv}"
         " --metrics {params.metrics}"
         " --methods {params.methods} --baseline {params.baseline}"
+        " --splits {params.splits} --trained-on {params.trained_on}"
         " --paper-references {params.paper_references} > {log} 2>&1"

@@ -10,7 +10,7 @@ def generic_corpus_input(wildcards):
 
 def pretrain_generic_flags(wildcards):
     corpus = PT["generic_corpus"]
-    flags = f"--corpus {corpus['source']} --seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}"
+    flags = f"--corpus {corpus['source']} --seed {FT['seed']}"
     if corpus["path"]:
         flags += f" --corpus-path {shlex.quote(corpus['path'])}"
     keys = [
@@ -51,10 +51,7 @@ def pretrain_corpus_flags(wildcards):
         "epochs",
         "max_steps",
     ]
-    return (
-        f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}"
-        f" {train_flags(PT['cocondenser'], keys)}{queries}"
-    )
+    return f"--seed {FT['seed']}" f" {train_flags(PT['cocondenser'], keys)}{queries}"
 
 
 def pmi_corpus_input(wildcards):
@@ -160,7 +157,7 @@ def mae_flags(wildcards, phase):
     projection, the phase's budget and (generic phase) the corpus."""
     m = PT["mae"]
     flags = [
-        f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}",
+        f"--seed {FT['seed']}",
         f"--p-dec {m['p_dec'][mae_variant(wildcards)]}",
         f"--use-projection {str(m['use_projection'][mae_variant(wildcards)]).lower()}",
         train_flags(
@@ -218,12 +215,13 @@ def pretrain_contriever_flags(wildcards):
         "epochs",
         "max_steps",
     ]
-    return f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']} {train_flags(PT['contriever'], keys)}"
+    return f"--seed {FT['seed']} {train_flags(PT['contriever'], keys)}"
 
 
 rule pretrain_generic:
     input:
         code=stage_code("pretrain_generic"),
+        init=model_init_input,
         corpus=generic_corpus_input,
     output:
         model=directory(f"{RESULTS}/pretrain/condenser/generic/model"),
@@ -237,6 +235,8 @@ rule pretrain_generic:
     resources:
         mem_mb=8000,
         runtime=720,
+        # how often to save, not what is trained: a resource, so changing it reruns nothing
+        checkpoint_every=FT["checkpoint_every"],
     params:
         launch=training_launcher,
         init=config["model"]["init"],
@@ -244,7 +244,7 @@ rule pretrain_generic:
         checkpoints=f"{RESULTS}/pretrain/condenser/generic/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.pretrain_generic --init {params.init} --out {output.model}"
-        " --checkpoint-dir {params.checkpoints} {params.flags} --threads {threads} > {log} 2>&1"
+        " --checkpoint-dir {params.checkpoints} {params.flags} --checkpoint-every {resources.checkpoint_every} --threads {threads} > {log} 2>&1"
 
 
 rule pretrain_corpus:
@@ -265,6 +265,8 @@ rule pretrain_corpus:
     resources:
         mem_mb=8000,
         runtime=720,
+        # how often to save, not what is trained: a resource, so changing it reruns nothing
+        checkpoint_every=FT["checkpoint_every"],
     params:
         launch=training_launcher,
         flags=pretrain_corpus_flags,
@@ -272,12 +274,13 @@ rule pretrain_corpus:
     shell:
         "{params.launch} -m dprflow.stages.pretrain_corpus --init {input.init} --passages {input.passages}"
         " --out {output.model} --checkpoint-dir {params.checkpoints} {params.flags}"
-        " --threads {threads} > {log} 2>&1"
+        " --checkpoint-every {resources.checkpoint_every} --threads {threads} > {log} 2>&1"
 
 
 rule pretrain_contriever:
     input:
         code=stage_code("pretrain_contriever"),
+        init=model_init_input,
         passages=rules.split_passages.output.passages,
     output:
         model=directory(f"{RESULTS}/{{collection}}/contriever/pretrain/model"),
@@ -291,6 +294,8 @@ rule pretrain_contriever:
     resources:
         mem_mb=8000,
         runtime=720,
+        # how often to save, not what is trained: a resource, so changing it reruns nothing
+        checkpoint_every=FT["checkpoint_every"],
     params:
         launch=training_launcher,
         init=config["model"]["init"],
@@ -299,7 +304,7 @@ rule pretrain_contriever:
     shell:
         "{params.launch} -m dprflow.stages.pretrain_contriever --init {params.init}"
         " --passages {input.passages} --out {output.model} --checkpoint-dir {params.checkpoints}"
-        " {params.flags} --threads {threads} > {log} 2>&1"
+        " {params.flags} --checkpoint-every {resources.checkpoint_every} --threads {threads} > {log} 2>&1"
 
 
 # Masked auto-encoders (BMAE, CDMAE, CoT-MAE): n-gram statistics for CDMAE's importance-aware
@@ -356,6 +361,7 @@ rule pmi:
 rule pretrain_mae_generic:
     input:
         code=stage_code("pretrain_mae"),
+        init=model_init_input,
         corpus=generic_corpus_input,
         pmi=mae_generic_pmi,
     output:
@@ -370,6 +376,8 @@ rule pretrain_mae_generic:
     resources:
         mem_mb=8000,
         runtime=720,
+        # how often to save, not what is trained: a resource, so changing it reruns nothing
+        checkpoint_every=FT["checkpoint_every"],
     params:
         launch=training_launcher,
         init=config["model"]["init"],
@@ -378,7 +386,7 @@ rule pretrain_mae_generic:
     shell:
         "{params.launch} -m dprflow.stages.pretrain_mae --variant {wildcards.mae} --init {params.init}"
         " --out {output.model} --checkpoint-dir {params.checkpoints} {params.flags}"
-        " --threads {threads} > {log} 2>&1"
+        " --checkpoint-every {resources.checkpoint_every} --threads {threads} > {log} 2>&1"
 
 
 rule pretrain_mae_corpus:
@@ -400,6 +408,8 @@ rule pretrain_mae_corpus:
     resources:
         mem_mb=8000,
         runtime=720,
+        # how often to save, not what is trained: a resource, so changing it reruns nothing
+        checkpoint_every=FT["checkpoint_every"],
     params:
         launch=training_launcher,
         variant=mae_variant,
@@ -409,4 +419,4 @@ rule pretrain_mae_corpus:
     shell:
         "{params.launch} -m dprflow.stages.pretrain_mae --variant {params.variant} --init {params.init}"
         " --corpus passages --corpus-path {input.passages} --out {output.model}"
-        " --checkpoint-dir {params.checkpoints} {params.flags} --threads {threads} > {log} 2>&1"
+        " --checkpoint-dir {params.checkpoints} {params.flags} --checkpoint-every {resources.checkpoint_every} --threads {threads} > {log} 2>&1"

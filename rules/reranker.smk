@@ -6,6 +6,11 @@ def reranker_init():
     return FT["reranker"]["init"] or config["model"]["init"]
 
 
+def reranker_init_input(wildcards):
+    """The reranker's initial model when it is a local folder."""
+    return local_paths(reranker_init())
+
+
 def reranker_pooling():
     """The cross-encoder head's pooling: as configured, else model.pooling when the reranker
     starts from model.init; None leaves the stage to take the initial model's own (its
@@ -23,7 +28,7 @@ def reranker_flags(wildcards):
         + f"--method {wildcards.method}"
         + optim_flags(r)
         + f" --max-length {r['max_length']} --head-learning-rate {r['head_learning_rate']}"
-        + f" --seed {wildcards.seed} --checkpoint-every {FT['checkpoint_every']}"
+        + f" --seed {wildcards.seed}"
     )
 
 
@@ -46,6 +51,7 @@ def rerank_runtime(wildcards):
 rule train_reranker:
     input:
         code=stage_code("train_reranker"),
+        init=reranker_init_input,
         queries=rules.ingest.output.queries,
         qrels=rules.ingest.output.qrels,
         passages=rules.split_passages.output.passages,
@@ -64,6 +70,8 @@ rule train_reranker:
     resources:
         mem_mb=train_reranker_mem_mb,
         runtime=train_reranker_runtime,
+        # how often to save, not what is trained: a resource, so changing it reruns nothing
+        checkpoint_every=FT["checkpoint_every"],
     params:
         launch=training_launcher,
         init=reranker_init(),
@@ -74,7 +82,8 @@ rule train_reranker:
         "{params.launch} -m dprflow.stages.train_reranker --init {params.init} --queries {input.queries}"
         " --qrels {input.qrels} --passages {input.passages} --negatives {input.negatives}"
         " --split {params.split} --out {output.model} --checkpoint-dir {params.checkpoints}"
-        " {params.flags} --threads {threads} > {log} 2>&1"
+        " {params.flags} --checkpoint-every {resources.checkpoint_every} --mem-mb {resources.mem_mb}"
+        " --threads {threads} > {log} 2>&1"
 
 
 rule rerank:

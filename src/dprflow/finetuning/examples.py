@@ -8,7 +8,9 @@ the positives removed (:func:`dprflow.search.runs.negatives_from_run`) and are c
 A group is ``[positive, negative_1, ..., negative_{G-1}]``: one positive drawn at random among
 the query's positives and ``G - 1`` negatives drawn from its pool (without replacement when the
 pool is large enough, else with replacement, as Tevatron does), optionally a fraction of them from
-a second pool (BM25 negatives mixed into retriever 2's).
+a second pool (BM25 negatives mixed into retriever 2's). Drawing with replacement is never silent:
+the queries whose pool is smaller than the group are counted and logged, and a group larger than
+every query's pool is an error naming ``--group-size`` (:func:`check_pools`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ class GroupTrainingArgs(OptimArgs):
     group_size: int = field(default=4, metadata={"help": "passages per query (1 positive)"})
     batch_size: int = field(default=8, metadata={"help": "queries per step (all processes)"})
     learning_rate: float = field(default=2e-5, metadata={"help": "AdamW peak learning rate"})
+    mem_mb: int = field(
+        default=0,
+        metadata={"help": "memory the job was given in MB (the rule's resources.mem_mb; 0: the machine's)"},
+    )
 
 
 @dataclass
@@ -162,4 +168,32 @@ def read_training_examples(
         read_table(extra_negatives, "negatives") if extra_negatives else None,
         read_table(teacher, "scores") if teacher else None,
     )
+    check_pools(items, args.group_size)
     return items, counts, texts
+
+
+def check_pools(items: list[TrainingQuery], group_size: int) -> int:
+    """Count (and log) the queries whose negative pool is smaller than a group's ``group_size - 1``
+    negatives: their groups repeat negatives. When no query's pool is large enough the group size
+    is a mistake, not a shortage: an error. Returns the number of short queries."""
+    need = group_size - 1
+    short = [it for it in items if len(it.negatives) < need]
+    if items and len(short) == len(items):
+        largest = max(len(it.negatives) for it in items)
+        raise StageError(
+            f"--group-size {group_size} needs {need} negatives per query but no training query has that "
+            f"many (largest pool: {largest}); lower the group size (finetune.retriever, finetune.reranker "
+            f"or finetune.distill .group_size) to at most {largest + 1}, or deepen the pools "
+            "(bm25.negatives_depth, finetune.mining_depth, finetune.reranker.depth, finetune.distill.candidates)"
+        )
+    if short:
+        log.warning(
+            "%d of %d training queries have fewer than %d negatives in their pool (smallest: %d): their "
+            "groups of %d draw negatives with replacement, repeating some",
+            len(short),
+            len(items),
+            need,
+            min(len(it.negatives) for it in short),
+            group_size,
+        )
+    return len(short)

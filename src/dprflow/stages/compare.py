@@ -42,6 +42,14 @@ class Args:
         },
     )
     baseline: str = field(default="bm25", metadata={"help": "reference system of the significance tests"})
+    splits: list[str] = field(
+        default_factory=list,
+        metadata={"help": "collection=split pairs: the query split scored in each collection"},
+    )
+    trained_on: list[str] = field(
+        default_factory=list,
+        metadata={"help": "collections whose scored split is their training split (score_training_queries)"},
+    )
     paper_references: list[str] = field(
         default_factory=list,
         metadata={
@@ -80,12 +88,26 @@ def read_geometry(paths: list[str], results_dir: Path) -> pd.DataFrame:
     return frame
 
 
+def parse_pairs(pairs: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key or not value:
+            raise StageError(f"{flag}: expected collection=value, got {pair!r}")
+        out[key] = value
+    return out
+
+
 def compare(args: Args) -> None:
     results = Path(args.results_dir)
     per_query = {system_of(Path(p), results): read_table(p, "metrics") for p in args.metrics_files}
     references = [args.baseline] + [s for s in ("none/zeroshot",) if s != args.baseline]
     table = build_comparison(per_query, references)
-    table = table[table["metric"].isin(args.metrics)]
+    table = table[table["metric"].isin(args.metrics)].copy()
+    splits = parse_pairs(args.splits, "--splits")
+    if splits:
+        table.insert(2, "split", table["collection"].map(splits))
+        table.insert(3, "training_queries", table["collection"].isin(args.trained_on))
     if args.encoder_files:
         table = table.merge(
             read_geometry(args.encoder_files, results), on=["collection", "system"], how="left"
@@ -94,7 +116,8 @@ def compare(args: Args) -> None:
         table.to_csv(tmp, index=False, float_format="%.6g")
     with atomic_path(args.out_md) as tmp:
         tmp.write_text(
-            "# dprflow comparison\n\n" + to_markdown(table, references, args.methods, args.metrics)
+            "# dprflow comparison\n\n"
+            + to_markdown(table, references, args.methods, args.metrics, splits, args.trained_on)
         )
     log.info(
         "compared %d systems on %d collections", table["system"].nunique(), table["collection"].nunique()

@@ -15,6 +15,7 @@ from dprflow.finetuning.biencoder import load_tokenizer
 from dprflow.finetuning.cross_encoder import CrossEncoder
 from dprflow.finetuning.examples import GroupTrainingArgs, read_training_examples, sample_group
 from dprflow.finetuning.losses import listwise_ce
+from dprflow.training.memory import check_training_memory
 from dprflow.training.trainer import set_seed, train_and_save
 
 log = logging.getLogger("dprflow.train_reranker")
@@ -46,6 +47,13 @@ def train(args: Args) -> None:
     log.info("head on %s pooling", model.pooling)
     items, counts, texts = read_training_examples(args, tokenizer)
     G = args.group_size
+    check_training_memory(
+        model,
+        [(args.batch_size * G, args.max_length)],
+        args.mem_mb,
+        ["finetune.reranker.batch_size", "finetune.reranker.group_size", "finetune.reranker.max_length"],
+        args.precision,
+    )
 
     def make_batch(rng, batch_items):
         groups = [sample_group(rng, it, G) for it in batch_items]

@@ -19,6 +19,7 @@ from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer
 from dprflow.finetuning.examples import GroupTrainingArgs, read_training_examples, sample_group
 from dprflow.finetuning.losses import contrastive_loss, distillation_loss
 from dprflow.training import distributed
+from dprflow.training.memory import check_training_memory
 from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.train_retriever")
@@ -104,6 +105,14 @@ def train(args: Args) -> None:
     )
     items, counts, texts = read_training_examples(args, tokenizer, args.extra_negatives, args.teacher)
     G = args.group_size
+    section = "finetune.distill" if args.teacher else "finetune.retriever"
+    check_training_memory(
+        model,
+        [(args.batch_size, args.max_query_length), (args.batch_size * G, args.max_passage_length)],
+        args.mem_mb,
+        [f"{section}.batch_size", f"{section}.group_size", "finetune.max_passage_length"],
+        args.precision,
+    )
 
     def make_batch(rng, batch_items):
         groups = [sample_group(rng, it, G, args.extra_fraction) for it in batch_items]

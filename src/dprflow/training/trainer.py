@@ -9,9 +9,16 @@ training queries in an epoch comes from ``seed + epoch``, and each batch's sampl
 generator seeded by ``(seed, global step)``. A checkpoint holds the model, the optimizer, the
 schedule, the step and the torch random state (dropout), written every ``checkpoint_every``
 steps to a folder that Snakemake does not manage (so it survives a failed job). A rerun that
-finds a checkpoint made with the same arguments resumes at its step and, on the CPU, ends with
-the same weights as a run that was never interrupted. A checkpoint made with other arguments is
-ignored (and logged), never resumed.
+finds a checkpoint made with the same arguments and the same input contents (the SHA-256 of every
+input file or folder, as :mod:`dprflow.provenance` computes them) resumes at its step and, on the
+CPU, ends with the same weights as a run that was never interrupted. A checkpoint made with other
+arguments or from other data (a negatives file rewritten at the same path) is ignored, and the log
+names what differs; it is never resumed.
+
+A checkpoint is read with ``torch.load(weights_only=True)``: tensors and plain containers only,
+so a results folder from elsewhere cannot run code on resume. A checkpoint that holds anything
+else is refused with an error. A write that runs out of disk space is reported as such and leaves
+no folder that looks finished (:func:`dprflow.data.schemas.disk_full_error`).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import random
 import shutil
 import signal
@@ -36,6 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from dprflow import provenance
+from dprflow.data.schemas import disk_full_error
 from dprflow.training import distributed
 
 log = logging.getLogger(__name__)
@@ -43,6 +53,8 @@ log = logging.getLogger(__name__)
 CHECKPOINT_PREFIX = "step-"
 # Tests set this to a step number to have the process killed (SIGKILL) right after that step.
 KILL_ENV = "DPRFLOW_KILL_AFTER_STEP"
+# Beside COMPLETE: the identity's parts (arguments, input hashes), so a mismatch can say what changed.
+IDENTITY_FILE = "identity.json"
 
 
 @dataclass
@@ -200,9 +212,10 @@ class Trainer:
         self.step_fn = step_fn
         self.save_fn = save_fn
         self.checkpoint_dir = Path(checkpoint_dir)
-        self.identity = fingerprint(
-            {"identity": identity, "args": asdict(args), "world": self.dist.world_size}
-        )
+        # How often checkpoints are written does not change what they hold: resumable across it.
+        optim = {k: v for k, v in asdict(args).items() if k != "checkpoint_every"}
+        self.identity_payload = {"identity": identity, "args": optim, "world": self.dist.world_size}
+        self.identity = fingerprint(self.identity_payload)
         if args.batch_size % self.dist.world_size:
             raise ValueError(
                 f"batch_size {args.batch_size} is not divisible by {self.dist.world_size} processes"
@@ -235,7 +248,6 @@ class Trainer:
         tmp = self.checkpoint_dir / f".tmp-{CHECKPOINT_PREFIX}{step}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        self.save_fn(self.model, tmp / "model")
         state = {
             "step": step,
             "identity": self.identity,
@@ -245,8 +257,17 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         }
-        torch.save(state, tmp / "trainer_state.pt")
-        (tmp / "COMPLETE").write_text(self.identity)
+        try:
+            self.save_fn(self.model, tmp / "model")
+            torch.save(state, tmp / "trainer_state.pt")
+            (tmp / IDENTITY_FILE).write_text(json.dumps(self.identity_payload, sort_keys=True, default=str))
+            (tmp / "COMPLETE").write_text(self.identity)
+        except (OSError, RuntimeError) as exc:
+            full = disk_full_error(exc, tmp / "trainer_state.pt", state_bytes(state))
+            shutil.rmtree(tmp, ignore_errors=True)
+            if full is None:
+                raise
+            raise full from exc
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         for old in self.checkpoint_dir.glob(CHECKPOINT_PREFIX + "*"):
@@ -260,19 +281,41 @@ class Trainer:
         if ckpt is None:
             return 0
         if (ckpt / "COMPLETE").read_text() != self.identity:
-            log.warning("ignoring checkpoint %s: it was made with other arguments or data", ckpt)
+            log.warning(
+                "ignoring checkpoint %s: it was made with other arguments or data (%s); training from step 0",
+                ckpt,
+                self._identity_difference(ckpt),
+            )
             return 0
-        state = torch.load(ckpt / "trainer_state.pt", map_location=self.dist.device, weights_only=False)
+        try:
+            state = torch.load(ckpt / "trainer_state.pt", map_location=self.dist.device, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise ValueError(
+                f"refusing to resume from {ckpt / 'trainer_state.pt'}: it holds objects other than tensors "
+                f"and plain values, which loading would run as code ({str(exc).splitlines()[0]}); "
+                f"delete {self.checkpoint_dir} to train from the start"
+            ) from None
         load_fn(self.model, ckpt / "model")
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["torch_rng"])
+        # map_location moved every tensor to the device; the generators take CPU byte tensors.
+        torch.set_rng_state(state["torch_rng"].cpu())
         if state["cuda_rng"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
+            torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
         log.info("resumed from %s at step %d of %d", ckpt, state["step"], self.steps)
         return int(state["step"])
+
+    def _identity_difference(self, ckpt: Path) -> str:
+        """What differs between a checkpoint's identity and this run's, for the log."""
+        try:
+            old = json.loads((ckpt / IDENTITY_FILE).read_text())
+        except (OSError, ValueError):
+            return "the checkpoint records no identity details"
+        return (
+            describe_difference(old, json.loads(json.dumps(self.identity_payload, default=str))) or "unknown"
+        )
 
     # -- the loop ---------------------------------------------------------------------------
     def epoch_and_index(self, step: int) -> tuple[int, int]:
@@ -361,10 +404,17 @@ class Trainer:
         keys = list(dict.fromkeys(k for row in history for k in row))
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(history)
+        try:
+            with open(tmp, "w", newline="") as fh:
+                writer = csv.DictWriter(fh, fieldnames=keys)
+                writer.writeheader()
+                writer.writerows(history)
+        except OSError as exc:
+            full = disk_full_error(exc, tmp)
+            tmp.unlink(missing_ok=True)
+            if full is None:
+                raise
+            raise full from exc
         os.replace(tmp, path)
 
     def finish(self) -> None:
@@ -374,13 +424,38 @@ class Trainer:
         distributed.cleanup()
 
 
+def state_bytes(state: Any) -> int:
+    """Bytes of the tensors in a (nested) state dict: about what ``torch.save`` writes."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, list | tuple):
+        return sum(state_bytes(v) for v in state)
+    return 0
+
+
+def describe_difference(old: Any, new: Any, where: str = "") -> str:
+    """The leaves that differ between two JSON-like values, as ``key: old -> new``."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        parts = [
+            describe_difference(old.get(k), new.get(k), f"{where}.{k}" if where else str(k))
+            for k in sorted(set(old) | set(new))
+        ]
+        return "; ".join(p for p in parts if p)
+    if old == new:
+        return ""
+    return f"{where}: {old!r} -> {new!r}"
+
+
 def mean_of(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else math.nan
 
 
 # Stage arguments that describe where things go or how fast, not what is trained: they do not
-# enter the checkpoint identity, so moving the output or changing threads still resumes.
-NON_IDENTITY_ARGS = ("out", "checkpoint_dir", "threads", "training_queries")
+# enter the checkpoint identity, so moving the output or changing threads, the checkpoint
+# interval or the job's memory still resumes.
+NON_IDENTITY_ARGS = ("out", "checkpoint_dir", "threads", "training_queries", "mem_mb", "checkpoint_every")
 
 
 def train_args_from(args: Any) -> TrainArgs:
@@ -412,6 +487,8 @@ def train_and_save(
         m.load_state_dict(model_class.from_pretrained(ckpt_dir).state_dict())
 
     identity = {k: v for k, v in record.items() if k not in NON_IDENTITY_ARGS}
+    # The content of every input (issue 18): a file rewritten at the same path is other data.
+    identity["input_sha256"] = provenance.input_hashes(stage_args)
     checkpoint_dir = Path(stage_args.checkpoint_dir)
     trainer = Trainer(
         model,
@@ -430,11 +507,18 @@ def train_and_save(
     tmp = out.parent / f".{out.name}.tmp"
     if trainer.dist.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
-        save(trainer.model, tmp)
-        (tmp / "training_args.json").write_text(
-            json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
-        )
-        shutil.copy(log_path, tmp / "train_log.csv")
+        try:
+            save(trainer.model, tmp)
+            (tmp / "training_args.json").write_text(
+                json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
+            )
+            shutil.copy(log_path, tmp / "train_log.csv")
+        except (OSError, RuntimeError) as exc:
+            full = disk_full_error(exc, tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
+            if full is None:
+                raise
+            raise full from exc
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
     trainer.finish()

