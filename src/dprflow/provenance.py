@@ -13,6 +13,12 @@ folder as ``provenance.json``, beside an output file as ``<file>.provenance.json
 
 Which arguments are outputs is decided by name: ``out``, ``trec``, ``out_*`` and ``*_out``.
 Arguments naming a scratch folder (``checkpoint_dir``, ``spill_dir``) are neither.
+
+Each record also holds ``artifact``: the SHA-256 of the output it sits beside, computed once by
+the stage that wrote it, with the output's size and a digest of its files' sizes and mtimes
+(``stat``). A later stage reading that output as an input reuses the hash while ``stat`` still
+matches, instead of hashing the same passages, embeddings and models again in every job
+(:func:`cached_sha256`); a changed or rewritten file no longer matches and is hashed anew.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import platform
 import socket
@@ -29,6 +36,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("dprflow.provenance")
 
 SUFFIX = ".provenance.json"
 FOLDER_FILE = "provenance.json"
@@ -58,6 +67,20 @@ def record_path(output: str | os.PathLike) -> Path:
     return path / FOLDER_FILE if path.is_dir() else path.with_name(path.name + SUFFIX)
 
 
+def _is_record(name: str) -> bool:
+    return (
+        name == FOLDER_FILE
+        or name.endswith(SUFFIX)
+        or name.endswith(SUFFIX + ".tmp")
+        or name == FOLDER_FILE + ".tmp"
+    )
+
+
+def _folder_files(path: Path) -> list[Path]:
+    """A folder's files that its hash covers: every file below it but provenance records, sorted."""
+    return sorted(p for p in path.rglob("*") if p.is_file() and not _is_record(p.name))
+
+
 def sha256_of(path: str | os.PathLike) -> str:
     """SHA-256 of a file, or of a folder's files (relative path and content, sorted by path)."""
     path = Path(path)
@@ -65,12 +88,49 @@ def sha256_of(path: str | os.PathLike) -> str:
     if path.is_file():
         _update_file(digest, path)
         return digest.hexdigest()
-    for child in sorted(p for p in path.rglob("*") if p.is_file()):
-        if child.name == FOLDER_FILE or child.name.endswith(SUFFIX):
-            continue
+    for child in _folder_files(path):
         digest.update(str(child.relative_to(path)).encode() + b"\0")
         _update_file(digest, child)
     return digest.hexdigest()
+
+
+def stat_of(path: str | os.PathLike) -> dict[str, Any]:
+    """What :func:`cached_sha256` compares before trusting a stored hash: total bytes, number of
+    files and a digest of each file's relative path, size and mtime (ns). Reads no content."""
+    path = Path(path)
+    files = [path] if path.is_file() else _folder_files(path)
+    digest = hashlib.sha256()
+    size = 0
+    for child in files:
+        st = child.stat()
+        size += st.st_size
+        name = "" if child == path else str(child.relative_to(path))
+        digest.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return {"size": size, "files": len(files), "stat": digest.hexdigest()}
+
+
+def artifact_entry(path: str | os.PathLike) -> dict[str, Any] | None:
+    """``{"sha256", "size", "files", "stat"}`` of an output, for its record; None when it changed
+    while being hashed (then nothing is stored and readers hash it themselves)."""
+    before = stat_of(path)
+    sha = sha256_of(path)
+    return {"sha256": sha, **before} if stat_of(path) == before else None
+
+
+def cached_sha256(path: str | os.PathLike) -> tuple[str, bool]:
+    """SHA-256 of ``path`` and whether it came from the record beside it (no content read).
+
+    The stored ``artifact`` hash is reused only when the sizes, names and mtimes of the files
+    still match those recorded when it was computed; otherwise the content is hashed."""
+    try:
+        stored = (read(path) or {}).get("artifact")
+    except (OSError, ValueError):  # an unreadable or half-written record: hash the content
+        stored = None
+    if isinstance(stored, dict) and stored.get("sha256"):
+        now = stat_of(path)
+        if all(stored.get(key) == now[key] for key in now):
+            return stored["sha256"], True
+    return sha256_of(path), False
 
 
 def _update_file(digest: Any, path: Path) -> None:
@@ -129,13 +189,24 @@ def _paths(value: Any) -> list[str]:
 
 
 def input_hashes(args: Any) -> dict[str, str]:
-    """SHA-256 of every argument that names an existing file or folder (outputs and scratch excluded)."""
+    """SHA-256 of every argument that names an existing file or folder (outputs and scratch
+    excluded); an input written by a stage reuses the hash in its record (:func:`cached_sha256`)."""
     out = {}
+    reused = 0
+    t0 = time.perf_counter()
     for name, value in dataclasses.asdict(args).items():
         if is_output_arg(name) or name in SCRATCH:
             continue
         for path in _paths(value):
-            out[path] = sha256_of(path)
+            out[path], hit = cached_sha256(path)
+            reused += hit
+    log.info(
+        "provenance: %d input(s), %d hash(es) reused from their records, %d computed (%.2f s)",
+        len(out),
+        reused,
+        len(out) - reused,
+        time.perf_counter() - t0,
+    )
     return out
 
 
@@ -163,7 +234,8 @@ def write(prog: str, args: Any, started: dict[str, Any]) -> list[Path]:
         for path in _paths(value):
             target = record_path(path)
             tmp = target.with_name(target.name + ".tmp")
-            tmp.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+            entry = {**record, "artifact": artifact_entry(path)}
+            tmp.write_text(json.dumps(entry, indent=2, sort_keys=True, default=str) + "\n")
             os.replace(tmp, target)
             written.append(target)
     return written
