@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import pandas as pd
 
@@ -113,3 +114,32 @@ def test_a_folder_hash_is_reused_until_a_file_in_it_changes(tmp_path):
     os.utime(folder / "a.bin", ns=(1, 1))
     sha, reused = provenance.cached_sha256(folder)
     assert not reused and sha == provenance.sha256_of(folder) != entry["sha256"]
+
+
+def test_after_snakemake_touches_an_output_one_job_hashes_it_and_the_next_reuse_that(tmp_path, monkeypatch):
+    """Snakemake touches every output file after its job and adds .snakemake_timestamp to a folder
+    output: a file is hashed once more by the first reader (which leaves a cache beside it), a
+    folder keeps the producer's hash."""
+    data = tmp_path / "passages.parquet"
+    data.write_bytes(b"passages")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    for path in (data, folder):
+        provenance.record_path(path).write_text(json.dumps({"artifact": provenance.artifact_entry(path)}))
+    os.utime(data, ns=(10**18, 10**18))  # Snakemake's touch of the file
+    (folder / ".snakemake_timestamp").write_text("")  # and its stamp in the folder
+
+    hashed = []
+    real = provenance.sha256_of
+    monkeypatch.setattr(provenance, "sha256_of", lambda path: hashed.append(Path(path).name) or real(path))
+    truth = hashlib.sha256(b"passages").hexdigest()
+    assert provenance.cached_sha256(folder) == (real(folder), True)
+    assert provenance.cached_sha256(data) == (truth, False)  # the first reader hashes it
+    assert json.loads(provenance.hash_cache_path(data).read_text())["sha256"] == truth
+    assert provenance.cached_sha256(data) == (truth, True)  # every later one reuses that
+    assert hashed == ["passages.parquet"]
+    # Caches and stamps are bookkeeping: not part of a folder's hash.
+    (folder / "x.sha256.json").write_text("{}")
+    assert real(folder) == provenance.artifact_entry(folder)["sha256"]
+    assert provenance.cached_sha256(folder)[1]

@@ -41,6 +41,8 @@ log = logging.getLogger("dprflow.provenance")
 
 SUFFIX = ".provenance.json"
 FOLDER_FILE = "provenance.json"
+HASH_SUFFIX = ".sha256.json"  # hash cache of an input, beside it (cached_sha256)
+SNAKEMAKE_STAMP = ".snakemake_timestamp"
 PACKAGES = (
     "torch",
     "transformers",
@@ -67,17 +69,21 @@ def record_path(output: str | os.PathLike) -> Path:
     return path / FOLDER_FILE if path.is_dir() else path.with_name(path.name + SUFFIX)
 
 
+def hash_cache_path(path: str | os.PathLike) -> Path:
+    """Where :func:`cached_sha256` keeps a hash it computed: beside the file or folder, not in it."""
+    path = Path(path)
+    return path.with_name(path.name + HASH_SUFFIX)
+
+
 def _is_record(name: str) -> bool:
-    return (
-        name == FOLDER_FILE
-        or name.endswith(SUFFIX)
-        or name.endswith(SUFFIX + ".tmp")
-        or name == FOLDER_FILE + ".tmp"
-    )
+    """Bookkeeping, not content: provenance records, hash caches (and their temporary files) and
+    Snakemake's ``.snakemake_timestamp``, which it adds to a folder output after the job ends."""
+    name = name.removesuffix(".tmp")
+    return name in (FOLDER_FILE, SNAKEMAKE_STAMP) or name.endswith((SUFFIX, HASH_SUFFIX))
 
 
 def _folder_files(path: Path) -> list[Path]:
-    """A folder's files that its hash covers: every file below it but provenance records, sorted."""
+    """A folder's files that its hash covers: every file below it but bookkeeping (:func:`_is_record`), sorted."""
     return sorted(p for p in path.rglob("*") if p.is_file() and not _is_record(p.name))
 
 
@@ -117,20 +123,46 @@ def artifact_entry(path: str | os.PathLike) -> dict[str, Any] | None:
     return {"sha256": sha, **before} if stat_of(path) == before else None
 
 
-def cached_sha256(path: str | os.PathLike) -> tuple[str, bool]:
-    """SHA-256 of ``path`` and whether it came from the record beside it (no content read).
-
-    The stored ``artifact`` hash is reused only when the sizes, names and mtimes of the files
-    still match those recorded when it was computed; otherwise the content is hashed."""
+def _stored(file: Path, key: str | None) -> dict[str, Any] | None:
     try:
-        stored = (read(path) or {}).get("artifact")
-    except (OSError, ValueError):  # an unreadable or half-written record: hash the content
-        stored = None
-    if isinstance(stored, dict) and stored.get("sha256"):
-        now = stat_of(path)
+        entry = json.loads(file.read_text()) if file.is_file() else None
+    except (OSError, ValueError):  # unreadable or half-written: as if absent
+        return None
+    if isinstance(entry, dict) and key is not None:
+        entry = entry.get(key)
+    return entry if isinstance(entry, dict) and entry.get("sha256") else None
+
+
+def cached_sha256(path: str | os.PathLike) -> tuple[str, bool]:
+    """SHA-256 of ``path`` and whether it was reused (no content read).
+
+    A stored hash is reused only while the sizes, names and mtimes of the files still match
+    those it was computed from. It comes from the ``artifact`` entry of the record the producing
+    stage wrote, or from the hash cache beside the input (:func:`hash_cache_path`). Snakemake
+    touches every output file after its job ends, so the producer's entry of a file no longer
+    matches: the first job reading it hashes the content and leaves the hash cache, which the
+    following jobs reuse (folders keep their files' mtimes; Snakemake's stamp file is ignored).
+    """
+    path = Path(path)
+    now: dict[str, Any] | None = None
+    for stored in (_stored(record_path(path), "artifact"), _stored(hash_cache_path(path), None)):
+        if stored is None:
+            continue
+        now = now or stat_of(path)
         if all(stored.get(key) == now[key] for key in now):
             return stored["sha256"], True
-    return sha256_of(path), False
+    entry = artifact_entry(path)
+    if entry is None:  # changed while being hashed: hash what is there now, cache nothing
+        return sha256_of(path), False
+    cache = hash_cache_path(path)
+    tmp = cache.with_name(f"{path.name}.{os.getpid()}{HASH_SUFFIX}.tmp")
+    try:
+        tmp.write_text(json.dumps(entry, sort_keys=True) + "\n")
+        os.replace(tmp, cache)
+    except OSError as exc:  # a read-only input: fine, the next job hashes it again
+        tmp.unlink(missing_ok=True)
+        log.debug("cannot write the hash cache %s: %s", cache, exc)
+    return entry["sha256"], False
 
 
 def _update_file(digest: Any, path: Path) -> None:
