@@ -143,3 +143,10 @@ def test_after_snakemake_touches_an_output_one_job_hashes_it_and_the_next_reuse_
     (folder / "x.sha256.json").write_text("{}")
     assert real(folder) == provenance.artifact_entry(folder)["sha256"]
     assert provenance.cached_sha256(folder)[1]
+
+
+def test_no_hash_cache_is_written_beside_data_no_stage_produced(tmp_path):
+    data = tmp_path / "corpus.jsonl"
+    data.write_text('{"_id": "d1"}\n')
+    assert provenance.cached_sha256(data) == (hashlib.sha256(data.read_bytes()).hexdigest(), False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl"]

@@ -142,6 +142,8 @@ def cached_sha256(path: str | os.PathLike) -> tuple[str, bool]:
     touches every output file after its job ends, so the producer's entry of a file no longer
     matches: the first job reading it hashes the content and leaves the hash cache, which the
     following jobs reuse (folders keep their files' mtimes; Snakemake's stamp file is ignored).
+    Only a stage's artifact (one with a provenance record) gets a cache: nothing is written
+    beside the user's own data (a BEIR folder, a model directory).
     """
     path = Path(path)
     now: dict[str, Any] | None = None
@@ -151,9 +153,10 @@ def cached_sha256(path: str | os.PathLike) -> tuple[str, bool]:
         now = now or stat_of(path)
         if all(stored.get(key) == now[key] for key in now):
             return stored["sha256"], True
-    entry = artifact_entry(path)
-    if entry is None:  # changed while being hashed: hash what is there now, cache nothing
-        return sha256_of(path), False
+    produced = record_path(path).is_file()
+    entry = artifact_entry(path) if produced else None
+    if entry is None:  # not a stage's artifact (user data: nothing written beside it), or it
+        return sha256_of(path), False  # changed while being hashed: hash it, cache nothing
     cache = hash_cache_path(path)
     tmp = cache.with_name(f"{path.name}.{os.getpid()}{HASH_SUFFIX}.tmp")
     try:
