@@ -10,16 +10,52 @@ from pathlib import Path
 from _common import bench_dir, machine
 
 
+def fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, int | float) else ("" if v is None else str(v))
+
+
+def load_text(record: dict) -> str:
+    load = record.get("load_average") or {}
+    return ", ".join(f"{'/'.join(map(str, v))} {k.replace('_', ' ')}" for k, v in load.items()) or "?"
+
+
+def startup_table(records: list[dict]) -> str:
+    """bench_startup.py's figures, one row per stage (they would crowd the main table)."""
+    numpy = next((r for r in records if r["name"] == "startup_numpy"), None)
+    stages = [r for r in records if r["name"] != "startup_numpy"]
+    if not stages:
+        return ""
+    rows = [
+        "\n## Start-up per stage (bench/bench_startup.py)\n",
+        "`python -m dprflow.stages.<stage> --help` in a fresh process, best of "
+        f'{stages[0].get("n", "?")} (median beside it); `python -c "import numpy"` in the same run: '
+        f"{fmt(numpy['value']) if numpy else '?'} s; load average (1, 5, 15 min) {load_text(stages[0])}. "
+        "`before`: the checkout given to --compare-src.\n",
+        "| stage | s | median | before | median before | imports torch | target |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in stages:
+        rows.append(
+            f"| {r['name'].removeprefix('startup_')} | {fmt(r['value'])} | {fmt(r.get('median'))} | "
+            f"{fmt(r.get('before'))} | {fmt(r.get('before_median'))} | "
+            f"{'yes' if r.get('imports_torch') else 'no'} | {fmt(r.get('target'))} |"
+        )
+    return "\n".join(rows)
+
+
 def main() -> None:
     rows = ["| benchmark | value | unit | baseline | ratio | target |", "|---|---|---|---|---|---|"]
+    startup = []
     for path in sorted(bench_dir().glob("*.json")):
         r = json.loads(path.read_text())
-        fmt = lambda v: f"{v:.4g}" if isinstance(v, int | float) else ("" if v is None else str(v))  # noqa: E731
+        if r["name"].startswith("startup_"):
+            startup.append(r)
+            continue
         rows.append(
             f"| {r['name']} | {fmt(r['value'])} | {r['unit']} | {fmt(r.get('baseline'))} | "
             f"{fmt(r.get('ratio'))} | {fmt(r.get('target'))} |"
         )
-    table = "\n".join(rows)
+    table = "\n".join(rows) + ("\n" + startup_table(startup) if startup else "")
     print(table)
     header = (
         "# Latest benchmark figures\n\n"

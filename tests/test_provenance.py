@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from pathlib import Path
 
 import pandas as pd
 
 from dprflow import provenance
 from dprflow.data.schemas import write_table
-from dprflow.stages import pmi_count
+from dprflow.stages import pmi, pmi_count
 
 
 def passages_table(path, text="wing lift flow"):
@@ -65,3 +67,86 @@ def test_folder_hash_covers_names_and_contents_but_not_records(tmp_path):
 def test_output_arguments_are_named_by_convention():
     assert all(map(provenance.is_output_arg, ["out", "trec", "out_md", "train_out"]))
     assert not any(map(provenance.is_output_arg, ["outer", "init", "checkpoint_dir", "passages"]))
+
+
+def test_a_stage_reuses_the_hash_recorded_beside_its_input_and_rehashes_a_changed_one(tmp_path, monkeypatch):
+    passages = passages_table(tmp_path / "passages.parquet")
+    counts = tmp_path / "counts.parquet"
+    assert pmi_count.main(["--corpus", "passages", "--corpus-path", str(passages), "--out", str(counts)]) == 0
+    truth = hashlib.sha256(counts.read_bytes()).hexdigest()
+    assert provenance.read(counts)["artifact"]["sha256"] == truth
+    assert provenance.read(counts)["artifact"]["size"] == counts.stat().st_size
+
+    hashed = []
+    real = provenance.sha256_of
+    monkeypatch.setattr(provenance, "sha256_of", lambda path: hashed.append(str(path)) or real(path))
+    merged = tmp_path / "merged.parquet"
+    assert pmi.main(["--counts", str(counts), "--out", str(merged)]) == 0
+    # The counts table was written by pmi_count: its hash comes from its record, not its content.
+    assert provenance.read(merged)["inputs"] == {str(counts): truth}
+    assert hashed == [str(merged)]  # only pmi's own output, hashed once for its record
+    assert provenance.cached_sha256(counts) == (truth, True)
+
+    # Touched or rewritten: the recorded size/mtime no longer match, so it is hashed again.
+    hashed.clear()
+    os.utime(counts, ns=(0, 0))  # same content, other mtime: hashed again, same value
+    assert provenance.cached_sha256(counts) == (truth, False) and hashed == [str(counts)]
+    counts.write_bytes(counts.read_bytes() + b"x")  # other content
+    assert provenance.cached_sha256(counts) == (hashlib.sha256(counts.read_bytes()).hexdigest(), False)
+
+
+def test_a_folder_hash_is_reused_until_a_file_in_it_changes(tmp_path):
+    folder = tmp_path / "model"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.bin").write_bytes(b"weights")
+    (folder / "sub" / "b.json").write_text("{}")
+    entry = provenance.artifact_entry(folder)
+    assert entry["sha256"] == provenance.sha256_of(folder) and entry["files"] == 2 and entry["size"] == 9
+    provenance.record_path(folder).write_text(json.dumps({"artifact": entry}))
+    assert provenance.cached_sha256(folder) == (entry["sha256"], True)
+    # A record of a wrong hash with a matching stat is trusted: proof that no content was read.
+    provenance.record_path(folder).write_text(json.dumps({"artifact": {**entry, "sha256": "f" * 64}}))
+    assert provenance.cached_sha256(folder) == ("f" * 64, True)
+    (folder / "sub" / "c.txt").write_text("new")  # a new file: hashed again
+    assert provenance.cached_sha256(folder) == (provenance.sha256_of(folder), False)
+    (folder / "sub" / "c.txt").unlink()
+    (folder / "a.bin").write_bytes(b"weightz")  # same size, new mtime and content: hashed again
+    os.utime(folder / "a.bin", ns=(1, 1))
+    sha, reused = provenance.cached_sha256(folder)
+    assert not reused and sha == provenance.sha256_of(folder) != entry["sha256"]
+
+
+def test_after_snakemake_touches_an_output_one_job_hashes_it_and_the_next_reuse_that(tmp_path, monkeypatch):
+    """Snakemake touches every output file after its job and adds .snakemake_timestamp to a folder
+    output: a file is hashed once more by the first reader (which leaves a cache beside it), a
+    folder keeps the producer's hash."""
+    data = tmp_path / "passages.parquet"
+    data.write_bytes(b"passages")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    for path in (data, folder):
+        provenance.record_path(path).write_text(json.dumps({"artifact": provenance.artifact_entry(path)}))
+    os.utime(data, ns=(10**18, 10**18))  # Snakemake's touch of the file
+    (folder / ".snakemake_timestamp").write_text("")  # and its stamp in the folder
+
+    hashed = []
+    real = provenance.sha256_of
+    monkeypatch.setattr(provenance, "sha256_of", lambda path: hashed.append(Path(path).name) or real(path))
+    truth = hashlib.sha256(b"passages").hexdigest()
+    assert provenance.cached_sha256(folder) == (real(folder), True)
+    assert provenance.cached_sha256(data) == (truth, False)  # the first reader hashes it
+    assert json.loads(provenance.hash_cache_path(data).read_text())["sha256"] == truth
+    assert provenance.cached_sha256(data) == (truth, True)  # every later one reuses that
+    assert hashed == ["passages.parquet"]
+    # Caches and stamps are bookkeeping: not part of a folder's hash.
+    (folder / "x.sha256.json").write_text("{}")
+    assert real(folder) == provenance.artifact_entry(folder)["sha256"]
+    assert provenance.cached_sha256(folder)[1]
+
+
+def test_no_hash_cache_is_written_beside_data_no_stage_produced(tmp_path):
+    data = tmp_path / "corpus.jsonl"
+    data.write_text('{"_id": "d1"}\n')
+    assert provenance.cached_sha256(data) == (hashlib.sha256(data.read_bytes()).hexdigest(), False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl"]

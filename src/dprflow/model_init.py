@@ -14,6 +14,7 @@ ended in a traceback.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import socket
 from pathlib import Path
@@ -101,7 +102,34 @@ def hub_unreachable(timeout: float = 3.0) -> str | None:
     return None
 
 
-def load_tokenizer(name_or_path: str):
+# Tokenizer classes loaded by name from a local folder instead of through AutoTokenizer, which
+# imports torch (transformers.configuration_utils) to read the model config even when only the
+# tokenizer is wanted: 2 s of a stage such as split_passages that never touches torch (issue 15).
+# Only classes that AutoTokenizer itself picks from ``tokenizer_class`` for a WordPiece
+# tokenizer.json (the packaged MiniLM, BERT checkpoints); anything else goes through AutoTokenizer.
+DIRECT_TOKENIZERS = ("BertTokenizer", "BertTokenizerFast")
+
+
+def tokenizer_from_folder(path: str | Path):
+    """``AutoTokenizer.from_pretrained(path)``, without its model-config detour for a local folder
+    whose ``tokenizer_config.json`` names one of :data:`DIRECT_TOKENIZERS` (the same class, loaded
+    from the same files); any other folder or a hub id goes through ``AutoTokenizer``."""
+    local = Path(path)
+    config = local / "tokenizer_config.json"
+    if local.is_dir() and config.is_file():
+        try:
+            meta = json.loads(config.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{config}: line {exc.lineno}: not valid JSON ({exc.msg})") from exc
+        name = meta.get("tokenizer_class") if isinstance(meta, dict) else None
+        if name in DIRECT_TOKENIZERS and "auto_map" not in meta:
+            import transformers
+
+            return getattr(transformers, name.removesuffix("Fast")).from_pretrained(str(local))
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_model(name_or_path))
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_tokenizer(name_or_path: str):
+    return tokenizer_from_folder(resolve_model(name_or_path))

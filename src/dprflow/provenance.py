@@ -13,6 +13,12 @@ folder as ``provenance.json``, beside an output file as ``<file>.provenance.json
 
 Which arguments are outputs is decided by name: ``out``, ``trec``, ``out_*`` and ``*_out``.
 Arguments naming a scratch folder (``checkpoint_dir``, ``spill_dir``) are neither.
+
+Each record also holds ``artifact``: the SHA-256 of the output it sits beside, computed once by
+the stage that wrote it, with the output's size and a digest of its files' sizes and mtimes
+(``stat``). A later stage reading that output as an input reuses the hash while ``stat`` still
+matches, instead of hashing the same passages, embeddings and models again in every job
+(:func:`cached_sha256`); a changed or rewritten file no longer matches and is hashed anew.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import platform
 import socket
@@ -30,8 +37,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger("dprflow.provenance")
+
 SUFFIX = ".provenance.json"
 FOLDER_FILE = "provenance.json"
+HASH_SUFFIX = ".sha256.json"  # hash cache of an input, beside it (cached_sha256)
+SNAKEMAKE_STAMP = ".snakemake_timestamp"
 PACKAGES = (
     "torch",
     "transformers",
@@ -58,6 +69,24 @@ def record_path(output: str | os.PathLike) -> Path:
     return path / FOLDER_FILE if path.is_dir() else path.with_name(path.name + SUFFIX)
 
 
+def hash_cache_path(path: str | os.PathLike) -> Path:
+    """Where :func:`cached_sha256` keeps a hash it computed: beside the file or folder, not in it."""
+    path = Path(path)
+    return path.with_name(path.name + HASH_SUFFIX)
+
+
+def _is_record(name: str) -> bool:
+    """Bookkeeping, not content: provenance records, hash caches (and their temporary files) and
+    Snakemake's ``.snakemake_timestamp``, which it adds to a folder output after the job ends."""
+    name = name.removesuffix(".tmp")
+    return name in (FOLDER_FILE, SNAKEMAKE_STAMP) or name.endswith((SUFFIX, HASH_SUFFIX))
+
+
+def _folder_files(path: Path) -> list[Path]:
+    """A folder's files that its hash covers: every file below it but bookkeeping (:func:`_is_record`), sorted."""
+    return sorted(p for p in path.rglob("*") if p.is_file() and not _is_record(p.name))
+
+
 def sha256_of(path: str | os.PathLike) -> str:
     """SHA-256 of a file, or of a folder's files (relative path and content, sorted by path)."""
     path = Path(path)
@@ -65,12 +94,78 @@ def sha256_of(path: str | os.PathLike) -> str:
     if path.is_file():
         _update_file(digest, path)
         return digest.hexdigest()
-    for child in sorted(p for p in path.rglob("*") if p.is_file()):
-        if child.name == FOLDER_FILE or child.name.endswith(SUFFIX):
-            continue
+    for child in _folder_files(path):
         digest.update(str(child.relative_to(path)).encode() + b"\0")
         _update_file(digest, child)
     return digest.hexdigest()
+
+
+def stat_of(path: str | os.PathLike) -> dict[str, Any]:
+    """What :func:`cached_sha256` compares before trusting a stored hash: total bytes, number of
+    files and a digest of each file's relative path, size and mtime (ns). Reads no content."""
+    path = Path(path)
+    files = [path] if path.is_file() else _folder_files(path)
+    digest = hashlib.sha256()
+    size = 0
+    for child in files:
+        st = child.stat()
+        size += st.st_size
+        name = "" if child == path else str(child.relative_to(path))
+        digest.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return {"size": size, "files": len(files), "stat": digest.hexdigest()}
+
+
+def artifact_entry(path: str | os.PathLike) -> dict[str, Any] | None:
+    """``{"sha256", "size", "files", "stat"}`` of an output, for its record; None when it changed
+    while being hashed (then nothing is stored and readers hash it themselves)."""
+    before = stat_of(path)
+    sha = sha256_of(path)
+    return {"sha256": sha, **before} if stat_of(path) == before else None
+
+
+def _stored(file: Path, key: str | None) -> dict[str, Any] | None:
+    try:
+        entry = json.loads(file.read_text()) if file.is_file() else None
+    except (OSError, ValueError):  # unreadable or half-written: as if absent
+        return None
+    if isinstance(entry, dict) and key is not None:
+        entry = entry.get(key)
+    return entry if isinstance(entry, dict) and entry.get("sha256") else None
+
+
+def cached_sha256(path: str | os.PathLike) -> tuple[str, bool]:
+    """SHA-256 of ``path`` and whether it was reused (no content read).
+
+    A stored hash is reused only while the sizes, names and mtimes of the files still match
+    those it was computed from. It comes from the ``artifact`` entry of the record the producing
+    stage wrote, or from the hash cache beside the input (:func:`hash_cache_path`). Snakemake
+    touches every output file after its job ends, so the producer's entry of a file no longer
+    matches: the first job reading it hashes the content and leaves the hash cache, which the
+    following jobs reuse (folders keep their files' mtimes; Snakemake's stamp file is ignored).
+    Only a stage's artifact (one with a provenance record) gets a cache: nothing is written
+    beside the user's own data (a BEIR folder, a model directory).
+    """
+    path = Path(path)
+    now: dict[str, Any] | None = None
+    for stored in (_stored(record_path(path), "artifact"), _stored(hash_cache_path(path), None)):
+        if stored is None:
+            continue
+        now = now or stat_of(path)
+        if all(stored.get(key) == now[key] for key in now):
+            return stored["sha256"], True
+    produced = record_path(path).is_file()
+    entry = artifact_entry(path) if produced else None
+    if entry is None:  # not a stage's artifact (user data: nothing written beside it), or it
+        return sha256_of(path), False  # changed while being hashed: hash it, cache nothing
+    cache = hash_cache_path(path)
+    tmp = cache.with_name(f"{path.name}.{os.getpid()}{HASH_SUFFIX}.tmp")
+    try:
+        tmp.write_text(json.dumps(entry, sort_keys=True) + "\n")
+        os.replace(tmp, cache)
+    except OSError as exc:  # a read-only input: fine, the next job hashes it again
+        tmp.unlink(missing_ok=True)
+        log.debug("cannot write the hash cache %s: %s", cache, exc)
+    return entry["sha256"], False
 
 
 def _update_file(digest: Any, path: Path) -> None:
@@ -129,13 +224,24 @@ def _paths(value: Any) -> list[str]:
 
 
 def input_hashes(args: Any) -> dict[str, str]:
-    """SHA-256 of every argument that names an existing file or folder (outputs and scratch excluded)."""
+    """SHA-256 of every argument that names an existing file or folder (outputs and scratch
+    excluded); an input written by a stage reuses the hash in its record (:func:`cached_sha256`)."""
     out = {}
+    reused = 0
+    t0 = time.perf_counter()
     for name, value in dataclasses.asdict(args).items():
         if is_output_arg(name) or name in SCRATCH:
             continue
         for path in _paths(value):
-            out[path] = sha256_of(path)
+            out[path], hit = cached_sha256(path)
+            reused += hit
+    log.info(
+        "provenance: %d input(s), %d hash(es) reused from their records, %d computed (%.2f s)",
+        len(out),
+        reused,
+        len(out) - reused,
+        time.perf_counter() - t0,
+    )
     return out
 
 
@@ -163,7 +269,8 @@ def write(prog: str, args: Any, started: dict[str, Any]) -> list[Path]:
         for path in _paths(value):
             target = record_path(path)
             tmp = target.with_name(target.name + ".tmp")
-            tmp.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+            entry = {**record, "artifact": artifact_entry(path)}
+            tmp.write_text(json.dumps(entry, indent=2, sort_keys=True, default=str) + "\n")
             os.replace(tmp, target)
             written.append(target)
     return written

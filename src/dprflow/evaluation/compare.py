@@ -24,7 +24,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 STAGE_ORDER = ["zeroshot", "r1", "r2", "rerank", "distill"]
 ALPHA = 0.05
@@ -62,6 +61,8 @@ def paired_ttest(a: pd.Series, b: pd.Series) -> float:
         return 1.0
     if np.allclose(diff, diff.iloc[0]):
         return 0.0  # the same non-zero difference on every query: no variance, certainly different
+    from scipy import stats  # here, not at the top: only the t-tests need scipy (issue 15)
+
     return float(stats.ttest_rel(joined.iloc[:, 0], joined.iloc[:, 1]).pvalue)
 
 

@@ -12,18 +12,25 @@
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import numpy as np
+import pandas as pd
 
 STAGE_ORDER = ["r1", "r2", "rerank", "distill"]
 
 
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend, imported when a figure is drawn, not with the module
+    (the stage that imports this module pays for matplotlib only when it plots; issue 15)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _save(fig, path) -> None:
+    plt = _pyplot()
     fig.tight_layout()
     fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
@@ -37,7 +44,7 @@ def training_loss(logs: pd.DataFrame, path) -> None:
     stages = list(dict.fromkeys(logs["stage"]))
     cols = min(3, len(stages))
     rows = int(np.ceil(len(stages) / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    fig, axes = _pyplot().subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
     for ax, stage in zip(axes.flat, stages, strict=False):
         part = logs[logs["stage"] == stage]
         seeds = "seed" in part and part["seed"].nunique() > 1
@@ -61,7 +68,7 @@ def nb_recall(table: pd.DataFrame, path) -> None:
     if table.empty:
         raise ValueError("no nb-recall values to plot")
     ns = sorted(table["n"].unique())
-    fig, axes = plt.subplots(1, len(ns), figsize=(4.5 * len(ns), 3.4), squeeze=False)
+    fig, axes = _pyplot().subplots(1, len(ns), figsize=(4.5 * len(ns), 3.4), squeeze=False)
     for ax, n in zip(axes.flat, ns, strict=True):
         part = table[table["n"] == n]
         for (collection, method), line in part.groupby(["collection", "method"], sort=False):
@@ -84,7 +91,7 @@ def main_metric(table: pd.DataFrame, metric: str, path, references=("bm25", "non
     if part.empty:
         raise ValueError(f"metric {metric!r} is not in the comparison table")
     collections = list(dict.fromkeys(part["collection"]))
-    fig, axes = plt.subplots(1, len(collections), figsize=(6.5 * len(collections), 3.8), squeeze=False)
+    fig, axes = _pyplot().subplots(1, len(collections), figsize=(6.5 * len(collections), 3.8), squeeze=False)
     for ax, collection in zip(axes.flat, collections, strict=True):
         rows = part[part["collection"] == collection]
         trained = rows[~rows["system"].isin(references)]

@@ -46,7 +46,7 @@ from torch import nn
 
 from dprflow.finetuning import st_format
 from dprflow.finetuning.st_format import POOLINGS, SIMILARITIES, check_choice, default_temperature
-from dprflow.model_init import resolve_model
+from dprflow.model_init import resolve_model, tokenizer_from_folder
 
 log = logging.getLogger(__name__)
 
@@ -407,7 +407,5 @@ class BiEncoder(nn.Module):
 
 def load_tokenizer(path: str | Path):
     """The tokenizer of a saved bi-encoder or cross-encoder folder, a packaged model name or a hub id."""
-    from transformers import AutoTokenizer
-
     local = Path(path).expanduser()
-    return AutoTokenizer.from_pretrained(local if local.is_dir() else resolve_model(str(path)))
+    return tokenizer_from_folder(local if local.is_dir() else resolve_model(str(path)))

@@ -23,15 +23,17 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import faiss
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
 from dprflow.data.schemas import atomic_path, schema
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +42,12 @@ log = logging.getLogger(__name__)
 # result buffers stay 4096 x k.
 SEARCH_BATCH = 4096
 
-AUTOCAST_DTYPES: dict[str | None, torch.dtype | None] = {
+# torch and faiss are imported where they are used, so that a stage needing only nb_recall_table
+# or the embeddings files pays for neither (issue 15). Values: names of torch dtypes.
+AUTOCAST_DTYPES: dict[str | None, str | None] = {
     None: None,
-    "fp16": torch.float16,
-    "bf16": torch.bfloat16,
+    "fp16": "float16",
+    "bf16": "bfloat16",
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -102,6 +106,8 @@ def encode_texts(
     n = len(texts)
     if n == 0:
         return np.zeros((0, 0), dtype=np.float32)
+    import torch
+
     device = torch.device(device)
 
     # Tokenize once, unpadded: a dict of lists of token-id lists.
@@ -110,7 +116,7 @@ def encode_texts(
     lengths = np.fromiter((len(ids) for ids in fields["input_ids"]), dtype=np.int64, count=n)
     order = np.argsort(-lengths, kind="stable") if sort_by_length else np.arange(n)
 
-    dtype = AUTOCAST_DTYPES[autocast]
+    dtype = getattr(torch, AUTOCAST_DTYPES[autocast]) if autocast is not None else None
     amp = torch.autocast(device_type=device.type, dtype=dtype) if dtype is not None else nullcontext()
     out: np.ndarray | None = None
     n_batches = (n + batch_size - 1) // batch_size
@@ -235,6 +241,8 @@ def _blas_always() -> Iterator[None]:
     on large corpora and rounds differently, so results would depend on the batch size. The
     threshold is a process-wide faiss setting; it is restored on exit.
     """
+    import faiss
+
     saved = faiss.cvar.distance_compute_blas_threshold
     faiss.cvar.distance_compute_blas_threshold = 0
     try:
@@ -268,6 +276,8 @@ class FlatIndex:
     def __init__(self, dim: int):
         if dim < 1:
             raise ValueError(f"dim must be positive, got {dim}")
+        import faiss
+
         self.dim = int(dim)
         self.index = faiss.IndexFlatIP(self.dim)
         self._ids: list[np.ndarray] = []
