@@ -1,0 +1,233 @@
+"""Training at scale: gradient accumulation and the fine-tuning gradient cache give the full batch's
+gradients (float64, dropout off), micro-batches keep groups whole, DataLoader workers change
+nothing, and the precision setting resolves per device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import BatchEncoding, BertConfig, BertModel
+
+from dprflow.finetuning.biencoder import BiEncoder
+from dprflow.finetuning.losses import contrastive_loss, distillation_loss, group_scores, listwise_ce
+from dprflow.precision import resolve_precision
+from dprflow.training.batches import StepBatches, split_rows
+from dprflow.training.steps import biencoder_step
+from dprflow.training.trainer import TrainArgs, Trainer
+
+B, G, H = 4, 3, 16  # queries, group size, hidden size
+TINY = dict(
+    vocab_size=60,
+    hidden_size=H,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=32,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
+
+
+def tiny_biencoder() -> BiEncoder:
+    torch.manual_seed(0)
+    return BiEncoder(BertModel(BertConfig(**TINY)).double(), pooling="mean")
+
+
+def tokens(rows: int, length: int, seed: int) -> BatchEncoding:
+    """Random token ids with ragged lengths (padding at the end), as a tokenizer returns them."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 60, (rows, length), generator=g)
+    lengths = torch.randint(2, length + 1, (rows,), generator=g)
+    mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
+    return BatchEncoding({"input_ids": ids * mask, "attention_mask": mask})
+
+
+@pytest.fixture(scope="module")
+def batch():
+    q = tokens(B, 6, seed=1)
+    p = tokens(B * G, 9, seed=2)
+    teacher = torch.randn(B, G, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    return q, p, teacher
+
+
+def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same_grads(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys() and len(a) > 10
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-12, msg=name)
+
+
+# ---- the fine-tuning gradient cache ------------------------------------------------------------
+
+
+def full_batch_grads(loss_fn, batch) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    model = tiny_biencoder()
+    q, p = model(batch[0], batch[1])
+    out = loss_fn(q, p)
+    loss = out if isinstance(out, torch.Tensor) else out.loss
+    loss.backward()
+    return grads(model), {"loss": float(loss.detach())}
+
+
+LOSSES = {
+    "contrastive": lambda q, p, t: contrastive_loss(q, p, group_size=G, temperature=0.5),
+    "distillation": lambda q, p, t: distillation_loss(q, p, t, group_size=G, alpha=0.2),
+}
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+@pytest.mark.parametrize("chunk_size", [1, 3, 5])
+def test_biencoder_gradient_cache_gives_the_full_batch_gradient(batch, name, chunk_size):
+    """In-batch negatives couple the batch; the cache still gives its exact gradient and loss."""
+    teacher = batch[2]
+    expected, values = full_batch_grads(lambda q, p: LOSSES[name](q, p, teacher), batch)
+    model = tiny_biencoder()
+    out = biencoder_step(
+        model,
+        batch[0],
+        batch[1],
+        lambda q, p: LOSSES[name](q, p, teacher),
+        chunk_size,
+        lambda t: t.backward(),
+    )
+    assert_same_grads(grads(model), expected)
+    torch.testing.assert_close(float(out["loss"]), values["loss"], rtol=1e-10, atol=0)
+    if name == "distillation":
+        assert set(out) == {"loss", "kl", "contrastive"}
+
+
+def test_biencoder_step_without_cache_is_one_backward(batch):
+    expected, _ = full_batch_grads(lambda q, p: LOSSES["contrastive"](q, p, None), batch)
+    model = tiny_biencoder()
+    biencoder_step(
+        model, batch[0], batch[1], lambda q, p: LOSSES["contrastive"](q, p, None), 0, lambda t: t.backward()
+    )
+    assert_same_grads(grads(model), expected)
+
+
+# ---- gradient accumulation in the Trainer -----------------------------------------------------
+
+
+def trainer_for(tmp_path, k: int, step_fn, manual_backward: bool = False) -> Trainer:
+    q, p, teacher = tokens(B, 6, seed=1), tokens(B * G, 9, seed=2), None
+    args = TrainArgs(batch_size=B, precision="fp32", gradient_accumulation_steps=k, max_grad_norm=0)
+    return Trainer(
+        tiny_biencoder(),
+        list(range(B)),
+        lambda rng, items: (q, p, teacher),
+        step_fn,
+        lambda m, out: None,
+        args,
+        tmp_path / f"ckpt-{k}",
+        {},
+        manual_backward=manual_backward,
+    )
+
+
+def group_loss_step(m, batch):
+    """A loss that is a mean over queries (each scored against its own group only)."""
+    q, p = m(batch[0], batch[1])
+    return {"loss": listwise_ce(group_scores(q @ p.T, G))}
+
+
+def in_batch_step(m, batch):
+    q, p = m(batch[0], batch[1])
+    return {"loss": contrastive_loss(q, p, group_size=G)}
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_accumulation_over_micro_batches_gives_the_full_batch_gradient(tmp_path, k):
+    """For a mean of per-query terms, k micro-batches of B / k queries (each with its own group)
+    accumulate the gradient of the whole batch, and log its loss."""
+    whole = trainer_for(tmp_path, 1, group_loss_step)
+    out_whole = whole._accumulate(0, whole.batches[0])
+    accumulated = trainer_for(tmp_path, k, group_loss_step)
+    out_acc = accumulated._accumulate(0, accumulated.batches[0])
+    assert_same_grads(grads(accumulated.model), grads(whole.model))
+    # the logged mean is float32, as every logged value
+    torch.testing.assert_close(float(out_acc["loss"]), float(out_whole["loss"]), rtol=1e-6, atol=0)
+
+
+def test_accumulation_with_in_batch_negatives_uses_each_micro_batch_as_the_batch(tmp_path):
+    """With in-batch negatives, accumulation is the mean of the micro-batches' own contrastive
+    losses (fewer negatives), not the full batch's loss; the gradient cache gives the latter."""
+    k = 2
+    accumulated = trainer_for(tmp_path, k, in_batch_step)
+    accumulated._accumulate(0, accumulated.batches[0])
+    reference = tiny_biencoder()
+    q_in, p_in, _ = accumulated.batches[0]
+    for part in split_rows((q_in, p_in), k):
+        q, p = reference(*part)
+        (contrastive_loss(q, p, group_size=G) / k).backward()
+    assert_same_grads(grads(accumulated.model), grads(reference))
+    whole, _ = full_batch_grads(lambda q, p: contrastive_loss(q, p, group_size=G), (q_in, p_in))
+    name = "query_model.embeddings.word_embeddings.weight"
+    assert not torch.allclose(grads(accumulated.model)[name], whole[name], rtol=1e-3)
+
+
+def test_accumulation_with_a_manual_backward_step_scales_each_micro_batch(tmp_path):
+    """A step that runs its own backward passes (the gradient cache) is accumulated too."""
+
+    def step(m, b, backward):
+        return biencoder_step(m, b[0], b[1], lambda q, p: listwise_ce(group_scores(q @ p.T, G)), 2, backward)
+
+    whole = trainer_for(tmp_path, 1, group_loss_step)
+    whole._accumulate(0, whole.batches[0])
+    accumulated = trainer_for(tmp_path, 2, step, manual_backward=True)
+    accumulated._accumulate(0, accumulated.batches[0])
+    assert_same_grads(grads(accumulated.model), grads(whole.model))
+
+
+def test_accumulation_must_divide_the_batch(tmp_path):
+    with pytest.raises(ValueError, match="gradient_accumulation_steps 3 must be >= 1 and divide"):
+        trainer_for(tmp_path, 3, group_loss_step)
+
+
+def test_split_rows_keeps_groups_and_types():
+    q = BatchEncoding({"input_ids": torch.arange(4)[:, None], "attention_mask": torch.ones(4, 1)})
+    p = torch.arange(12)[:, None]
+    parts = split_rows((q, p, None), 2)
+    assert isinstance(parts[1][0], BatchEncoding) and parts[1][2] is None
+    assert parts[1][0]["input_ids"].flatten().tolist() == [2, 3]
+    assert parts[1][1].flatten().tolist() == [6, 7, 8, 9, 10, 11]  # the groups of queries 2 and 3
+    assert split_rows(q, 1) == [q]
+    with pytest.raises(ValueError, match="cannot split a tensor of shape"):
+        split_rows(torch.zeros(5, 2), 2)
+
+
+def test_step_batches_are_a_function_of_seed_and_step():
+    calls = []
+
+    def make_batch(rng, items, epoch):
+        calls.append(epoch)
+        return items, rng.integers(1 << 30)
+
+    batches = StepBatches(list(range(10)), make_batch, seed=7, batch_size=4)
+    assert batches[1] == batches[1] and batches[1] != batches[0]
+    third = batches[2]
+    assert calls[-1] == 1  # step 2 opens epoch 1 (2 steps per epoch)
+    assert sorted(third[0] + batches[3][0]) != sorted(batches[0][0] + batches[1][0])  # a new order
+    assert StepBatches(list(range(10)), make_batch, seed=8, batch_size=4)[0] != batches[0]
+
+
+# ---- precision --------------------------------------------------------------------------------
+
+
+def test_precision_on_cpu_is_fp32_and_unknown_values_are_errors():
+    assert [resolve_precision(p, "cpu") for p in ("auto", "bf16", "fp16", "fp32")] == ["fp32"] * 4
+    with pytest.raises(ValueError, match="unknown precision 'half'; allowed: auto, bf16, fp16, fp32"):
+        resolve_precision("half", "cpu")
+
+
+def test_precision_on_a_gpu_uses_bf16_only_where_supported(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "an old GPU")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert resolve_precision("auto", "cuda") == "fp16"
+    assert resolve_precision("fp32", "cuda") == "fp32"
+    with pytest.raises(ValueError, match="an old GPU does not support bfloat16"):
+        resolve_precision("bf16", "cuda")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert resolve_precision("auto", "cuda") == "bf16"
+    assert resolve_precision("fp16", "cuda") == "fp16"
