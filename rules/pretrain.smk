@@ -26,7 +26,7 @@ def pretrain_generic_flags(wildcards):
         "epochs",
         "max_steps",
     ]
-    return f"{flags} {train_flags(PT['condenser'], keys)}"
+    return f"{flags} {train_flags(PT['condenser'], keys)} {training_flags()}"
 
 
 def pretrain_corpus_flags(wildcards):
@@ -48,7 +48,7 @@ def pretrain_corpus_flags(wildcards):
     ]
     return (
         f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}"
-        f" {train_flags(PT['cocondenser'], keys)}{queries}"
+        f" {train_flags(PT['cocondenser'], keys)}{queries} {training_flags()}"
     )
 
 
@@ -151,6 +151,7 @@ def mae_flags(wildcards, phase):
             ],
         ),
         train_flags(m[phase], ["epochs", "max_steps"]),
+        training_flags(),
     ]
     pmi = (
         mae_generic_pmi(wildcards) if phase == "generic" else mae_corpus_pmi(wildcards)
@@ -187,7 +188,10 @@ def pretrain_contriever_flags(wildcards):
         "epochs",
         "max_steps",
     ]
-    return f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']} {train_flags(PT['contriever'], keys)}"
+    return (
+        f"--seed {FT['seed']} --checkpoint-every {FT['checkpoint_every']}"
+        f" {train_flags(PT['contriever'], keys)} {training_flags()}"
+    )
 
 
 rule pretrain_generic:

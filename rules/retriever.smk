@@ -41,11 +41,16 @@ def run_tag(wildcards):
 
 
 def encoder_flags(wildcards):
+    """The encoder of a dense row and its precision (passages, and queries unless the
+    embeddings record theirs)."""
     if wildcards.retriever == "zeroshot":
         if wildcards.method == "none":
-            return f"--model {config['model']['init']} --pooling {config['model']['zeroshot_pooling']}"
-        return f"--model {method_init(wildcards)} --pooling {method_pooling(wildcards.method)}"
-    return f"--model {RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}/model"
+            model = f"--model {config['model']['init']} --pooling {config['model']['zeroshot_pooling']}"
+        else:
+            model = f"--model {method_init(wildcards)} --pooling {method_pooling(wildcards.method)}"
+    else:
+        model = f"--model {RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}/model"
+    return f"{model} {precision_flag()}"
 
 
 def embedding_shards(wildcards):
@@ -97,7 +102,7 @@ def retriever_flags(wildcards):
         flags = f" --temperature {d['temperature']}"
         if "extra" in inputs:
             flags += f" --extra-negatives {inputs['extra']} --extra-fraction {FT['r2_bm25_fraction']}"
-    return f"{common}{flags}{optim_flags(d)}"
+    return f"{common}{flags}{optim_flags(d)} --chunk-size {d['chunk_size']} {training_flags()}"
 
 
 def mining_depth(wildcards):

@@ -231,3 +231,121 @@ def test_precision_on_a_gpu_uses_bf16_only_where_supported(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert resolve_precision("auto", "cuda") == "bf16"
     assert resolve_precision("fp16", "cuda") == "fp16"
+
+
+# ---- the settings reach each stage's command line (dry run) -----------------------------------
+
+MODEL_STAGES = {
+    "pretrain_generic",
+    "pretrain_corpus",
+    "pretrain_contriever",
+    "pretrain_mae_generic",
+    "pretrain_mae_corpus",
+    "train_doc2query",
+    "doc2query",
+    "train_retriever",
+    "encode_corpus",
+    "search_dense",
+    "train_reranker",
+    "rerank",
+    "score_candidates",
+}
+TRAINING_STAGES = {r for r in MODEL_STAGES if r.startswith(("pretrain", "train"))}
+OVERRIDES = """
+precision: fp16
+training: {gradient_accumulation_steps: 2, gradient_checkpointing: true, max_grad_norm: 0.5, num_workers: 2}
+finetune:
+  retriever: {chunk_size: 3}
+  distill: {chunk_size: 2}
+"""
+
+
+def dry_run_commands(tmp_path) -> dict[str, list[str]]:
+    """Each rule's shell commands in a dry run of the default config with ``OVERRIDES`` on top."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "over.yaml").write_text(OVERRIDES)
+    snakemake = str(Path(sys.executable).with_name("snakemake"))
+    result = subprocess.run(
+        [snakemake, "-n", "-p", "-s", str(root / "Snakefile"), "--directory", str(tmp_path)]
+        + ["--configfile", str(root / "config" / "config.yaml"), str(tmp_path / "over.yaml")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    commands: dict[str, list[str]] = {}
+    rule = None
+    for line in result.stdout.splitlines():
+        if line.startswith(("rule ", "localrule ")):
+            rule = line.split()[1].rstrip(":")
+        elif line.startswith("Shell command: ") and rule:
+            commands.setdefault(rule, []).append(line[len("Shell command: ") :])
+    return commands
+
+
+def stage_args(command: str):
+    """The stage's parsed argument dataclass for one shell command (parsed, not run)."""
+    import importlib
+    import shlex
+
+    from dprflow.cli import parse_args
+
+    words = shlex.split(command.split(" > ")[0])
+    module = words[words.index("-m") + 1]
+    stage = importlib.import_module(module)
+    return parse_args(stage.Args, words[words.index("-m") + 2 :], module)
+
+
+def test_precision_and_training_settings_reach_every_stage(tmp_path):
+    commands = dry_run_commands(tmp_path)
+    assert MODEL_STAGES <= set(commands), sorted(MODEL_STAGES - set(commands))
+    for rule in sorted(MODEL_STAGES):
+        for command in commands[rule]:
+            args = stage_args(command)
+            assert args.precision == "fp16", (rule, command)
+            if rule in TRAINING_STAGES:
+                assert (
+                    args.gradient_accumulation_steps,
+                    args.gradient_checkpointing,
+                    args.max_grad_norm,
+                    args.num_workers,
+                ) == (2, True, 0.5, 2), (rule, command)
+    chunks = {
+        ("distill" if stage_args(c).teacher else "r1/r2"): stage_args(c).chunk_size
+        for c in commands["train_retriever"]
+    }
+    assert chunks == {"r1/r2": 3, "distill": 2}
+
+
+def test_queries_are_encoded_in_the_precision_recorded_with_their_passages(tmp_path, caplog):
+    import numpy as np
+
+    from dprflow.cli import StageError
+    from dprflow.search.dense import embeddings_precision, read_embeddings, write_embeddings
+    from dprflow.stages.search_dense import Args, query_precision
+
+    emb = np.ones((2, 3), dtype=np.float32)
+    write_embeddings(tmp_path / "a.parquet", ["p1", "p2"], emb, precision="bf16")
+    write_embeddings(tmp_path / "b.parquet", ["p3", "p4"], emb, precision="bf16")
+    write_embeddings(tmp_path / "old.parquet", ["p5", "p6"], emb)
+    write_embeddings(tmp_path / "fp32.parquet", ["p7", "p8"], emb, precision="fp32")
+    assert read_embeddings(tmp_path / "a.parquet")[1].tolist() == emb.tolist()
+    shards = [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]
+    assert embeddings_precision(shards) == "bf16"
+    assert embeddings_precision([str(tmp_path / "old.parquet")]) is None
+
+    def args(paths, precision="fp32"):
+        return Args(
+            model="m", embeddings=paths, queries="q", out="o", trec="t", train_out="x", precision=precision
+        )
+
+    # The passages' precision wins over the setting (here: a CPU, where the setting gives fp32).
+    assert query_precision(args(shards), torch.device("cpu")) == "bf16"
+    assert query_precision(args([str(tmp_path / "old.parquet")], "auto"), torch.device("cpu")) == "fp32"
+    with pytest.raises(StageError, match="different precisions"):
+        query_precision(args([*shards, str(tmp_path / "fp32.parquet")]), torch.device("cpu"))

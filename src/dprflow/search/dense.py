@@ -146,16 +146,40 @@ def encode_texts(
 # ---------------------------------------------------------------------------------------------
 
 
-def embeddings_schema(dim: int) -> pa.Schema:
-    """Schema of an embeddings shard: ``passage_id`` string, ``embedding`` fixed-size list of ``dim`` float32."""
+PRECISION_KEY = b"dprflow.precision"
+
+
+def embeddings_schema(dim: int, precision: str | None = None) -> pa.Schema:
+    """Schema of an embeddings shard: ``passage_id`` string, ``embedding`` fixed-size list of ``dim``
+    float32; the metadata names the table and, when given, the precision the encoder ran in."""
+    metadata = {b"dprflow.table": b"embeddings"}
+    if precision is not None:
+        metadata[PRECISION_KEY] = precision.encode()
     return pa.schema(
-        [("passage_id", pa.string()), ("embedding", pa.list_(pa.float32(), dim))],
-        metadata={b"dprflow.table": b"embeddings"},
+        [("passage_id", pa.string()), ("embedding", pa.list_(pa.float32(), dim))], metadata=metadata
     )
 
 
-def write_embeddings(path: str | os.PathLike, ids: Sequence[str], emb: np.ndarray) -> Path:
-    """Write ``ids`` and the float32 ``(N, H)`` matrix ``emb`` atomically to a Parquet shard at ``path``."""
+def embeddings_precision(paths: Sequence[str | os.PathLike]) -> str | None:
+    """The precision the shards were encoded in (``fp32``, ``bf16``, ``fp16``; ``None`` for shards
+    written before it was recorded). Shards of one index encoded in different precisions are an error."""
+    found = {}
+    for path in paths:
+        metadata = pq.read_schema(path).metadata or {}
+        found[str(path)] = metadata[PRECISION_KEY].decode() if PRECISION_KEY in metadata else None
+    kinds = set(found.values())
+    if len(kinds) > 1:
+        raise ValueError(
+            f"embedding shards encoded in different precisions: {found}; re-encode them with one precision"
+        )
+    return kinds.pop() if kinds else None
+
+
+def write_embeddings(
+    path: str | os.PathLike, ids: Sequence[str], emb: np.ndarray, precision: str | None = None
+) -> Path:
+    """Write ``ids`` and the float32 ``(N, H)`` matrix ``emb`` atomically to a Parquet shard at
+    ``path``; ``precision`` (the encoder's, e.g. ``bf16``) is recorded in the file's metadata."""
     emb = np.ascontiguousarray(emb, dtype=np.float32)
     if emb.ndim != 2:
         raise ValueError(f"{path}: embeddings must be a 2-D (N, H) array, got shape {emb.shape}")
@@ -170,7 +194,7 @@ def write_embeddings(path: str | os.PathLike, ids: Sequence[str], emb: np.ndarra
     values = pa.array(emb.reshape(-1), type=pa.float32())
     table = pa.Table.from_arrays(
         [pa.array(ids, type=pa.string()), pa.FixedSizeListArray.from_arrays(values, dim)],
-        schema=embeddings_schema(dim),
+        schema=embeddings_schema(dim, precision),
     )
     with atomic_path(path) as tmp:
         # Float vectors do not compress; skip dictionary and codec work for them.

@@ -13,6 +13,7 @@ from dprflow.cli import StageError, run_stage
 from dprflow.data.schemas import read_table
 from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer
 from dprflow.finetuning.examples import passage_texts
+from dprflow.precision import PRECISIONS, resolve_precision
 from dprflow.search.dense import encode_texts, write_embeddings
 
 log = logging.getLogger("dprflow.encode_corpus")
@@ -30,6 +31,14 @@ class Args:
     pooling: str | None = field(default=None, metadata={"help": "override the model's pooling (cls, mean)"})
     max_length: int = field(default=144, metadata={"help": "passage tokens"})
     batch_size: int = field(default=64, metadata={"help": "passages per batch"})
+    precision: str = field(
+        default="auto",
+        metadata={
+            "help": "auto (bf16 where the GPU supports it, else fp16; fp32 on CPU), bf16, fp16, fp32; "
+            "recorded in the shard, and search encodes the queries the same way",
+            "choices": list(PRECISIONS),
+        },
+    )
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
 
     def check(self) -> None:
@@ -57,6 +66,7 @@ def encode(args: Args) -> None:
         )
     tokenizer = load_tokenizer(args.model)
     device = model_device()
+    precision = resolve_precision(args.precision, device)
     model = BiEncoder.from_pretrained(args.model, pooling=args.pooling).to(device).eval()
     texts = passage_texts(part, tokenizer.sep_token or "|")
     emb = encode_texts(
@@ -66,16 +76,17 @@ def encode(args: Args) -> None:
         args.max_length,
         batch_size=args.batch_size,
         device=device,
-        autocast="bf16" if device.type == "cuda" else None,
+        autocast=None if precision == "fp32" else precision,
     )
-    write_embeddings(args.out, part["passage_id"].tolist(), emb)
+    write_embeddings(args.out, part["passage_id"].tolist(), emb, precision=precision)
     log.info(
-        "shard %d/%d: %d passages, dimension %d, pooling %s",
+        "shard %d/%d: %d passages, dimension %d, pooling %s, precision %s",
         args.shard,
         args.num_shards,
         len(part),
         emb.shape[1],
         model.pooling,
+        precision,
     )
 
 

@@ -106,6 +106,10 @@ def step_loader(
         collate_fn=_as_is,
         pin_memory=pin_memory,
         prefetch_factor=2,
+        # The workers' seeds come from a generator of their own: drawing them from torch's global
+        # one would move the dropout masks of the training process. (Batches draw from their
+        # (seed, step) generator only, never from a worker's seed.)
+        generator=torch.Generator().manual_seed(batches.seed),
     )
     yield from loader
 
