@@ -349,3 +349,34 @@ def test_queries_are_encoded_in_the_precision_recorded_with_their_passages(tmp_p
     assert query_precision(args([str(tmp_path / "old.parquet")], "auto"), torch.device("cpu")) == "fp32"
     with pytest.raises(StageError, match="different precisions"):
         query_precision(args([*shards, str(tmp_path / "fp32.parquet")]), torch.device("cpu"))
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tmp_path):
+    plain = trainer_for(tmp_path, 1, in_batch_step)
+    plain._accumulate(0, plain.batches[0])
+    q, p = tokens(B, 6, seed=1), tokens(B * G, 9, seed=2)
+    args = TrainArgs(batch_size=B, precision="fp32", gradient_checkpointing=True)
+    checkpointed = Trainer(
+        tiny_biencoder(),
+        list(range(B)),
+        lambda rng, items: (q, p, None),
+        in_batch_step,
+        None,
+        args,
+        tmp_path,
+        {},
+    )
+    assert checkpointed.model.query_model.is_gradient_checkpointing
+    checkpointed._accumulate(0, checkpointed.batches[0])
+    assert_same_grads(grads(checkpointed.model), grads(plain.model))
+
+
+def test_every_trained_model_supports_gradient_checkpointing():
+    from dprflow.finetuning.cross_encoder import CrossEncoder
+    from dprflow.pretraining.condenser.model import Condenser
+    from dprflow.pretraining.contriever.model import Contriever
+    from dprflow.pretraining.mae.model import BottleneckedMAE
+    from dprflow.pretraining.query_as_context.doc2query import QueryGenerator
+
+    for model_class in (BiEncoder, CrossEncoder, Condenser, Contriever, BottleneckedMAE, QueryGenerator):
+        assert callable(getattr(model_class, "gradient_checkpointing_enable", None)), model_class

@@ -367,6 +367,10 @@ class QueryGenerator(nn.Module):
         total, count = self.token_losses(**batch)
         return total / count.clamp(min=1)
 
+    def gradient_checkpointing_enable(self, **kwargs) -> None:
+        """Turn on gradient checkpointing in the seq2seq model (training uses no cache already)."""
+        self.model.gradient_checkpointing_enable(**kwargs)
+
     @torch.no_grad()
     def mean_loss(self, passages: Sequence[str], queries: Sequence[str], batch_size: int = 32) -> float:
         """Mean token cross-entropy over all the pairs (every token weighs the same), dropout off."""
