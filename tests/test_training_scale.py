@@ -4,6 +4,7 @@ nothing, and the precision setting resolves per device."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from transformers import BatchEncoding, BertConfig, BertModel
@@ -380,3 +381,71 @@ def test_every_trained_model_supports_gradient_checkpointing():
 
     for model_class in (BiEncoder, CrossEncoder, Condenser, Contriever, BottleneckedMAE, QueryGenerator):
         assert callable(getattr(model_class, "gradient_checkpointing_enable", None)), model_class
+
+
+# ---- tracking and progress ---------------------------------------------------------------------
+
+
+def test_training_writes_tensorboard_events_or_says_once_why_not(tmp_path, caplog, monkeypatch):
+    """Per step: the loss, the learning rate, the gradient norm (also in train_log.csv) and
+    tokens/s in TensorBoard event files beside train_log.csv; without the tensorboard package,
+    one log line and no event file."""
+    import logging
+
+    import pandas as pd
+
+    from dprflow.training import tracking
+
+    monkeypatch.setattr(tracking, "_told", False)
+    q, p = tokens(B, 6, seed=1), tokens(B * G, 9, seed=2)
+    args = TrainArgs(batch_size=B, precision="fp32", epochs=3)
+    trainer = Trainer(
+        tiny_biencoder(),
+        list(range(B)),
+        lambda rng, items: (q, p, None),
+        in_batch_step,
+        None,
+        args,
+        tmp_path,
+        {},
+    )
+    with caplog.at_level(logging.INFO):
+        trainer.train(lambda m, d: None, tmp_path / "train_log.csv")
+    table = pd.read_csv(tmp_path / "train_log.csv")
+    assert list(table["step"]) == [1, 2, 3] and (table["grad_norm"] > 0).all()
+    assert "ETA 0:00:00" in caplog.text and "tokens/s" in caplog.text
+    if tracking.summary_writer_class() is None:
+        assert caplog.text.count("no TensorBoard event files") == 1
+        assert not (tmp_path / "tensorboard").exists()
+        return
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s"} <= set(
+        events.Tags()["scalars"]
+    )
+    for name in ("loss", "lr", "grad_norm"):
+        logged = [e.value for e in events.Scalars(f"train/{name}")]
+        np.testing.assert_allclose(logged, table[name], rtol=1e-6)
+    tokens_per_s = [e.value for e in events.Scalars("train/tokens_per_s")]
+    assert len(tokens_per_s) == 3 and min(tokens_per_s) > 0
+
+
+def test_progress_lines_give_rate_and_eta(caplog):
+    import logging
+
+    from dprflow.progress import Progress, format_seconds
+
+    assert [format_seconds(s) for s in (0, 59.6, 3723, float("nan"))] == [
+        "0:00:00",
+        "0:01:00",
+        "1:02:03",
+        "?",
+    ]
+    progress = Progress(logging.getLogger("t"), "encoded", 10, unit="texts", every_s=1e9)
+    with caplog.at_level(logging.INFO):
+        progress.update(4)
+        assert caplog.text == ""  # not yet: at most one line per every_s, and the last
+        progress.update(6)
+    assert "encoded 10/10 texts (" in caplog.text and "ETA 0:00:00" in caplog.text

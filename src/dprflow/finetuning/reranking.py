@@ -10,6 +10,7 @@ import pandas as pd
 import torch
 
 from dprflow.precision import autocast, resolve_precision
+from dprflow.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ def score_pairs(
     order = np.argsort([-(len(q) + len(p)) for q, p in zip(queries, passages, strict=True)], kind="stable")
     out = np.empty(len(order), dtype=np.float32)
     model.eval()
+    progress = Progress(log, "scored", len(order), unit="pairs")
     with torch.inference_mode(), autocast(precision, device):
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
@@ -43,8 +45,7 @@ def score_pairs(
                 return_tensors="pt",
             ).to(device)
             out[idx] = model(**enc).float().cpu().numpy()
-            if (start // batch_size) % 50 == 0:
-                log.info("scored %d/%d pairs", min(start + batch_size, len(order)), len(order))
+            progress.update(len(idx))
     return out
 
 

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 import torch
 
 from dprflow.data.schemas import atomic_path, schema
+from dprflow.progress import Progress, format_seconds
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,15 @@ def encode_texts(
             if log_every and ((b + 1) % log_every == 0 or b + 1 == n_batches):
                 done = min(start + batch_size, n)
                 rate = done / max(time.perf_counter() - started, 1e-9)
-                log.info("encoded %d/%d texts (batch %d/%d, %.1f texts/s)", done, n, b + 1, n_batches, rate)
+                log.info(
+                    "encoded %d/%d texts (batch %d/%d, %.1f texts/s, ETA %s)",
+                    done,
+                    n,
+                    b + 1,
+                    n_batches,
+                    rate,
+                    format_seconds((n - done) / rate),
+                )
     assert out is not None
     return out
 
@@ -355,6 +364,7 @@ class FlatIndex:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         kk = min(int(k), self.ntotal)
+        progress = Progress(log, "searched", q_emb.shape[0], unit="queries")
         for start in range(0, q_emb.shape[0], batch_size):
             q = q_emb[start : start + batch_size]
             if kk == 0:
@@ -369,6 +379,7 @@ class FlatIndex:
             order = np.lexsort((pos, -scores), axis=-1)
             scores = np.take_along_axis(scores, order, axis=1)
             pos = np.take_along_axis(pos, order, axis=1)
+            progress.update(len(q))
             yield start, scores, pos
 
     def search(

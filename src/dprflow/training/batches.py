@@ -147,3 +147,19 @@ def _take(value: Any, k: int, i: int) -> Any:
     if isinstance(value, (tuple, list)):
         return type(value)(_take(v, k, i) for v in value)
     return value
+
+
+def count_tokens(batch: Any) -> int:
+    """The real (unpadded) tokens of a batch: the sum of every ``attention_mask`` it holds
+    (nested in dicts, tuples, lists); for throughput in tokens/s."""
+    if isinstance(batch, Mapping):
+        total = 0
+        for key, value in batch.items():
+            if key == "attention_mask" and isinstance(value, torch.Tensor):
+                total += int(value.sum())
+            elif not isinstance(value, torch.Tensor):
+                total += count_tokens(value)
+        return total
+    if isinstance(batch, (tuple, list)):
+        return sum(count_tokens(v) for v in batch)
+    return 0

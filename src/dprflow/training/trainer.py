@@ -37,8 +37,10 @@ import torch
 
 from dprflow.precision import PRECISIONS, resolve_precision
 from dprflow.precision import autocast as precision_autocast
+from dprflow.progress import format_seconds
 from dprflow.training import distributed
-from dprflow.training.batches import StepBatches, split_rows, step_loader
+from dprflow.training.batches import StepBatches, count_tokens, split_rows, step_loader
+from dprflow.training.tracking import EVENTS_DIR, EventLog
 
 log = logging.getLogger(__name__)
 
@@ -320,38 +322,72 @@ class Trainer:
                 history = [row for row in csv.DictReader(fh) if int(row["step"]) <= start]
         self.model.train()
         t0 = time.time()
+        events = EventLog(log_path.parent, enabled=self.dist.is_main, start=start)
         # Every rank draws the whole global batch's randomness in the same order, then keeps
         # its share, so the sampling does not depend on the number of processes (StepBatches).
         loader = step_loader(
             self.batches, start, self.steps, self.args.num_workers, pin_memory=self.dist.device.type == "cuda"
         )
-        for step, batch in zip(range(start, self.steps), loader, strict=True):
-            out = self._accumulate(step, batch)
-            if self.scaler:
-                self.scaler.unscale_(self.optimizer)
-            if self.args.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
-            if self.scaler:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            row = {"step": step + 1, "lr": self.scheduler.get_last_lr()[0]}
-            row.update(self._mean_over_ranks(out))
-            history.append(row)
-            if (step + 1) % 10 == 0 or step + 1 == self.steps:
-                rate = (step + 1 - start) / max(1e-9, time.time() - t0)
-                log.info("step %d/%d loss %.4f (%.2f steps/s)", step + 1, self.steps, row["loss"], rate)
-            if (step + 1) % self.args.checkpoint_every == 0 and step + 1 < self.steps:
-                self._write_log(history, log_path)
-                self._save_checkpoint(step + 1)
-            if os.environ.get(KILL_ENV) == str(step + 1):
-                # Fault injection for the resume tests: die like `kill -9`, with no clean-up.
-                os.kill(os.getpid(), signal.SIGKILL)
+        tokens, step_start = 0, time.perf_counter()
+        try:
+            for step, batch in zip(range(start, self.steps), loader, strict=True):
+                step_tokens = count_tokens(batch)
+                out = self._accumulate(step, batch)
+                grad_norm = self._optimizer_step()
+                row = {"step": step + 1, "lr": self.scheduler.get_last_lr()[0]}
+                row.update(self._mean_over_ranks(out))
+                row["grad_norm"] = grad_norm
+                history.append(row)
+                now = time.perf_counter()
+                tokens += step_tokens
+                events.scalars(
+                    step + 1,
+                    {
+                        **{f"train/{k}": v for k, v in row.items() if k != "step"},
+                        "train/tokens_per_s": step_tokens / max(now - step_start, 1e-9),
+                    },
+                )
+                step_start = now
+                if (step + 1) % 10 == 0 or step + 1 == self.steps:
+                    elapsed = max(1e-9, time.time() - t0)
+                    rate = (step + 1 - start) / elapsed
+                    log.info(
+                        "step %d/%d loss %.4f (%.2f steps/s, %.0f tokens/s per process, elapsed %s, ETA %s)",
+                        step + 1,
+                        self.steps,
+                        row["loss"],
+                        rate,
+                        tokens / elapsed,
+                        format_seconds(elapsed),
+                        format_seconds((self.steps - step - 1) / rate),
+                    )
+                if (step + 1) % self.args.checkpoint_every == 0 and step + 1 < self.steps:
+                    self._write_log(history, log_path)
+                    self._save_checkpoint(step + 1)
+                if os.environ.get(KILL_ENV) == str(step + 1):
+                    # Fault injection for the resume tests: die like `kill -9`, with no clean-up.
+                    os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            events.close()
         self._write_log(history, log_path)
         return history
+
+    def _optimizer_step(self) -> float:
+        """Clip (``max_grad_norm``; 0 leaves the gradients as they are), step, zero the gradients;
+        returns the gradient norm before clipping."""
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        # With no clipping the bound is infinite: the norm is measured, the gradients scaled by 1.
+        bound = self.args.max_grad_norm or math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), bound)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
 
     def _accumulate(self, step: int, batch: Any) -> dict[str, torch.Tensor]:
         """Forward and backward of one step's batch in ``gradient_accumulation_steps``
@@ -480,6 +516,8 @@ def train_and_save(
             json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
         )
         shutil.copy(log_path, tmp / "train_log.csv")
+        if (checkpoint_dir / EVENTS_DIR).is_dir():
+            shutil.copytree(checkpoint_dir / EVENTS_DIR, tmp / EVENTS_DIR)
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
     trainer.finish()
