@@ -31,6 +31,7 @@ import argparse
 import functools
 import gc
 import math
+import os
 import sys
 import tempfile
 import time
@@ -260,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print only, write no results/bench files")
     args = parser.parse_args(argv)
     quiet_hugging_face()
+    if args.device == "cpu":
+        # The Trainer takes a GPU whenever one is visible: hide them for a CPU measurement.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        if torch.cuda.is_available():
+            parser.error("--device cpu: CUDA was initialised before the GPUs could be hidden")
     device = torch.device(args.device)
     gpu = device.type == "cuda"
     if gpu and not torch.cuda.is_available():

@@ -58,6 +58,23 @@ def embedding_shards(wildcards):
     return [f"{base}/embeddings/shard_{s}.parquet" for s in shards()]
 
 
+def embeddings_output():
+    """A shard of corpus embeddings: removed once every job that reads it is done, unless
+    finetune.keep_embeddings (a BERT-base row of MS MARCO holds about 27 GB)."""
+    path = f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/embeddings/shard_{{shard}}.parquet"
+    return path if FT["keep_embeddings"] else temp(path)
+
+
+def faiss_index_dirs():
+    """The pyserini FaissSearcher folder of every dense row, when finetune.faiss_index is on."""
+    if not FT["faiss_index"]:
+        return []
+    dense = [row for row in systems() if row != "bm25" and not row.endswith("/rerank")]
+    return [
+        f"{RESULTS}/{c}/{row}/faiss" for c in config["collections"] for row in dense
+    ]
+
+
 def train_depth():
     """Training-query runs feed mining (K2) and the reranker (K3)."""
     return max(FT["mining_depth"], FT["reranker"]["depth"])
@@ -182,7 +199,7 @@ rule encode_corpus:
         passages=rules.split_passages.output.passages,
         model=encoder_inputs,
     output:
-        embeddings=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/embeddings/shard_{{shard}}.parquet",
+        embeddings=embeddings_output(),
     log:
         f"{LOGS}/{{collection}}/{{method}}/{{retriever}}/encode_corpus_{{shard}}.log",
     benchmark:
@@ -240,6 +257,27 @@ rule search_dense:
         " --train-split {params.train_split} --depth {params.depth}"
         " --train-depth {params.train_depth} --max-length {params.max_length}"
         " --tag {params.tag} --threads {threads} > {log} 2>&1"
+
+
+rule export_faiss:
+    input:
+        code=stage_code("export_faiss"),
+        embeddings=embedding_shards,
+    output:
+        index=directory(f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/faiss"),
+    log:
+        f"{LOGS}/{{collection}}/{{method}}/{{retriever}}/export_faiss.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{{retriever}}/export_faiss.tsv"
+    conda:
+        "../envs/training.yaml"
+    threads: 1
+    resources:
+        mem_mb=search_mem_mb,
+        runtime=search_runtime,
+    shell:
+        "python -m dprflow.stages.export_faiss --embeddings {input.embeddings}"
+        " --out {output.index} > {log} 2>&1"
 
 
 rule mine_negatives:

@@ -449,3 +449,87 @@ def test_progress_lines_give_rate_and_eta(caplog):
         assert caplog.text == ""  # not yet: at most one line per every_s, and the last
         progress.update(6)
     assert "encoded 10/10 texts (" in caplog.text and "ETA 0:00:00" in caplog.text
+
+
+# ---- embeddings after search, and a faiss index for pyserini ----------------------------------
+
+
+def test_faiss_index_folder_for_pyserini(tmp_path):
+    """index + docid, as pyserini's FaissSearcher reads them: the same hits as the FlatIndex."""
+    import faiss
+
+    from dprflow.search.dense import FlatIndex, write_embeddings
+    from dprflow.stages import export_faiss
+
+    rng = np.random.default_rng(0)
+    shards = []
+    for s in range(2):
+        shards.append(tmp_path / f"shard_{s}.parquet")
+        write_embeddings(
+            shards[-1], [f"d{s}-{i}#0" for i in range(5)], rng.normal(size=(5, 8)).astype(np.float32)
+        )
+    out = tmp_path / "faiss"
+    assert export_faiss.main(["--embeddings", *map(str, shards), "--out", str(out)]) == 0
+    assert {"docid", "index"} <= {p.name for p in out.iterdir()}  # and the provenance record
+    docids = (out / "docid").read_text().splitlines()
+    assert docids == [f"d{s}-{i}#0" for s in range(2) for i in range(5)]
+    index = faiss.read_index(str(out / "index"))
+    query = rng.normal(size=(1, 8)).astype(np.float32)
+    scores, positions = index.search(query, 3)
+    expected_scores, expected_ids = FlatIndex.from_files(shards).search(query, 3)
+    assert [docids[i] for i in positions[0]] == list(expected_ids[0])
+    np.testing.assert_allclose(scores[0], expected_scores[0], rtol=1e-6)
+
+
+def dry_run(tmp_path, overrides: str, *targets: str) -> str:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "over.yaml").write_text(overrides)
+    snakemake = str(Path(sys.executable).with_name("snakemake"))
+    result = subprocess.run(
+        [
+            snakemake,
+            *targets,
+            "-n",
+            "-p",
+            "--verbose",
+            "-s",
+            str(root / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+        ]
+        + ["--configfile", str(root / "config" / "config.yaml"), str(tmp_path / "over.yaml")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return result.stdout + result.stderr
+
+
+def test_embeddings_are_dropped_after_search_when_asked_and_faiss_folders_written(tmp_path):
+    shard = "results/stdlib/none/zeroshot/embeddings/shard_0.parquet"
+    row = "results/stdlib/none/zeroshot/run.parquet"
+    kept = dry_run(tmp_path / "kept", "finetune: {keep_embeddings: true}\n", row)
+    assert f"Temp file {shard}" not in kept and f"output: {shard}" in kept
+    dropped = dry_run(tmp_path / "dropped", "finetune: {keep_embeddings: false, faiss_index: true}\n")
+    assert f"Temp file {shard}" in dropped
+    exports = [line for line in dropped.splitlines() if "dprflow.stages.export_faiss" in line]
+    searches = [line for line in dropped.splitlines() if "dprflow.stages.search_dense" in line]
+    assert len(exports) == len(searches) > 10  # every dense row
+    args = stage_args(exports[0].split("Shell command: ")[-1])
+    assert args.out.endswith("/faiss") and args.embeddings[0].endswith("embeddings/shard_0.parquet")
+
+
+def test_presets_drop_embeddings():
+    from pathlib import Path
+
+    import yaml
+
+    for preset in sorted((Path(__file__).resolve().parents[1] / "config" / "presets").glob("*.yaml")):
+        assert yaml.safe_load(preset.read_text())["finetune"]["keep_embeddings"] is False, preset.name

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -400,6 +401,29 @@ class FlatIndex:
             all_scores[start : start + len(scores)] = scores
             ids.extend(id_table[pos])
         return all_scores, ids
+
+
+def write_faiss_index(index: FlatIndex, out_dir: str | os.PathLike) -> Path:
+    """Write ``index`` as a folder pyserini's ``FaissSearcher`` loads: ``index`` (the faiss
+    ``IndexFlatIP``) and ``docid`` (one passage id per line, in index order).
+
+    The folder is written under a temporary name and renamed when complete. pyserini returns the
+    ids of ``docid`` as its hits' ``docid``: here passage ids (``<doc_id>#<position>``).
+    """
+    out = Path(out_dir)
+    tmp = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    faiss.write_index(index.index, str(tmp / "index"))
+    ids = [str(i) for i in index.ids]
+    bad = next((i for i in ids if "\n" in i), None)
+    if bad is not None:
+        shutil.rmtree(tmp)
+        raise ValueError(f"passage id {bad!r} holds a line break: it cannot go into a docid file")
+    (tmp / "docid").write_text("".join(f"{i}\n" for i in ids))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
 
 
 def iter_search_run(
