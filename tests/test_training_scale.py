@@ -533,3 +533,22 @@ def test_presets_drop_embeddings():
 
     for preset in sorted((Path(__file__).resolve().parents[1] / "config" / "presets").glob("*.yaml")):
         assert yaml.safe_load(preset.read_text())["finetune"]["keep_embeddings"] is False, preset.name
+
+
+def test_report_links_the_tensorboard_event_files(tmp_path):
+    import pandas as pd
+
+    from dprflow.evaluation import report
+
+    results = tmp_path / "results"
+    with_events = results / "c/none/seed-13/r1/model"
+    (with_events / "tensorboard").mkdir(parents=True)
+    without = results / "c/none/seed-13/r2/model"
+    without.mkdir(parents=True)
+    table = pd.DataFrame({"collection": [], "system": []})
+    page = report.comparison_page("# t\n", results, table, [str(with_events), str(without)])
+    assert "1 training stages wrote event files" in page
+    assert "c/none/seed-13/r1/model/tensorboard" in page and "seed-13/r2/model/tensorboard" not in page
+    assert f"tensorboard --logdir {results}" in page
+    bare = report.comparison_page("# t\n", results, table, [str(without)])
+    assert "No TensorBoard event files" in bare and "dprflow[tracking]" in bare
