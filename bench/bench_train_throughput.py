@@ -257,6 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeats", type=int, default=3, help="runs of each variant, interleaved; the best counts"
     )
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        default=["plain", "trainer", "workers", "checkpointing", "cache"],
+        choices=["plain", "trainer", "workers", "checkpointing", "cache"],
+        help="loops to measure (the plain loop, else the Trainer, is the baseline of the ratios)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (CPU runs)")
     parser.add_argument("--no-write", action="store_true", help="print only, write no results/bench files")
     args = parser.parse_args(argv)
@@ -300,6 +307,13 @@ def main(argv: list[str] | None = None) -> int:
                 ]
                 if task_name == "retriever":
                     variants.append((f"trainer_cache{args.chunk_size}", {"chunk_size": args.chunk_size}))
+                kinds = {"plain": "plain", "trainer": "trainer", "trainer_workers": "workers"}
+                kinds.update({"trainer_checkpointing": "checkpointing", "trainer_cache": "cache"})
+                variants = [
+                    (label, options)
+                    for label, options in variants
+                    if kinds[label.rstrip("0123456789")] in args.variants
+                ]
                 # Repeats interleave the variants, and the best of each is kept: on a shared
                 # machine the other load only ever slows a run down.
                 best: dict[str, dict] = {}
@@ -314,10 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     print("| task | loop | precision | tokens/s | vs plain | peak MiB |")
     print("|---|---|---|---|---|---|")
     for row in rows:
-        plain = next(
+        plain = next(  # the plain loop, else the Trainer without options
             r
             for r in rows
-            if r["task"] == row["task"] and r["precision"] == row["precision"] and r["loop"] == "plain"
+            if r["task"] == row["task"]
+            and r["precision"] == row["precision"]
+            and r["loop"] in ("plain", "trainer")
         )
         ratio = row["tokens_per_s"] / plain["tokens_per_s"]
         peak = "" if row["peak_mib"] is None else f"{row['peak_mib']:.0f}"

@@ -11,13 +11,16 @@ from _common import bench_dir, machine
 
 
 def main() -> None:
-    rows = ["| benchmark | value | unit | baseline | ratio | target |", "|---|---|---|---|---|---|"]
+    rows = [
+        "| benchmark | value | unit | baseline | ratio | target | device |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for path in sorted(bench_dir().glob("*.json")):
         r = json.loads(path.read_text())
         fmt = lambda v: f"{v:.4g}" if isinstance(v, int | float) else ("" if v is None else str(v))  # noqa: E731
         rows.append(
             f"| {r['name']} | {fmt(r['value'])} | {r['unit']} | {fmt(r.get('baseline'))} | "
-            f"{fmt(r.get('ratio'))} | {fmt(r.get('target'))} |"
+            f"{fmt(r.get('ratio'))} | {fmt(r.get('target'))} | {r.get('device') or 'this machine'} |"
         )
     table = "\n".join(rows)
     print(table)
