@@ -189,8 +189,8 @@ def test_accumulation_must_divide_the_batch(tmp_path):
 def test_split_rows_keeps_groups_and_types():
     q = BatchEncoding({"input_ids": torch.arange(4)[:, None], "attention_mask": torch.ones(4, 1)})
     p = torch.arange(12)[:, None]
-    parts = split_rows((q, p, None), 2)
-    assert isinstance(parts[1][0], BatchEncoding) and parts[1][2] is None
+    parts = split_rows((q, p, None, torch.tensor(3.0)), 2)
+    assert isinstance(parts[1][0], BatchEncoding) and parts[1][2] is None and float(parts[1][3]) == 3.0
     assert parts[1][0]["input_ids"].flatten().tolist() == [2, 3]
     assert parts[1][1].flatten().tolist() == [6, 7, 8, 9, 10, 11]  # the groups of queries 2 and 3
     assert split_rows(q, 1) == [q]

@@ -116,7 +116,8 @@ def step_loader(
 
 def split_rows(batch: Any, k: int) -> list[Any]:
     """``batch`` cut into ``k`` micro-batches along dim 0 of every tensor (nested in dicts, tuples,
-    lists, ``BatchEncoding``); other values (``None``, numbers, strings) go to every micro-batch.
+    lists, ``BatchEncoding``); other values (``None``, numbers, strings, 0-dim tensors) go to every
+    micro-batch.
 
     Every tensor's row count must be a multiple of ``k``: micro-batch ``i`` then holds rows
     ``i * n / k : (i + 1) * n / k`` of each, which keeps grouped layouts together (query ``j``'s
@@ -132,7 +133,9 @@ def split_rows(batch: Any, k: int) -> list[Any]:
 
 def _take(value: Any, k: int, i: int) -> Any:
     if isinstance(value, torch.Tensor):
-        if value.dim() == 0 or value.size(0) % k:
+        if value.dim() == 0:  # a value of the whole batch (a count to log): every micro-batch sees it
+            return value
+        if value.size(0) % k:
             raise ValueError(
                 f"cannot split a tensor of shape {tuple(value.shape)} into {k} micro-batches "
                 "(gradient_accumulation_steps must divide every batch dimension)"
