@@ -1,8 +1,10 @@
 """The training loop shared by every fine-tuning stage (retrievers, reranker, distillation).
 
 One code path for CPU and GPU, one process or several (``torchrun``): AdamW with a linear
-warm-up and decay, mixed precision on GPU (bf16 where supported, else fp16 with a scaler),
-a per-step loss log (``train_log.csv``), and resumable checkpoints.
+warm-up and decay, mixed precision on GPU (bf16 where supported, else fp16 with a scaler;
+:mod:`dprflow.precision`), gradient accumulation, gradient checkpointing, clipping, batches built
+in DataLoader workers when asked, a per-step log (``train_log.csv``, and TensorBoard events when
+the package is installed), and resumable checkpoints.
 
 Determinism and resume. Batches are a pure function of ``(seed, epoch, step)``: the order of the
 training queries in an epoch comes from ``seed + epoch``, and each batch's sampling from a
