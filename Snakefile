@@ -55,4 +55,5 @@ rule all:
     input:
         rules.compare.output,
         nb_recall_files(),
+        faiss_index_dirs(),
         rules.report_results.output,

@@ -44,7 +44,10 @@ def startup_table(records: list[dict]) -> str:
 
 
 def main() -> None:
-    rows = ["| benchmark | value | unit | baseline | ratio | target |", "|---|---|---|---|---|---|"]
+    rows = [
+        "| benchmark | value | unit | baseline | ratio | target | device |",
+        "|---|---|---|---|---|---|---|",
+    ]
     startup = []
     for path in sorted(bench_dir().glob("*.json")):
         r = json.loads(path.read_text())
@@ -53,7 +56,7 @@ def main() -> None:
             continue
         rows.append(
             f"| {r['name']} | {fmt(r['value'])} | {r['unit']} | {fmt(r.get('baseline'))} | "
-            f"{fmt(r.get('ratio'))} | {fmt(r.get('target'))} |"
+            f"{fmt(r.get('ratio'))} | {fmt(r.get('target'))} | {r.get('device') or 'this machine'} |"
         )
     table = "\n".join(rows) + ("\n" + startup_table(startup) if startup else "")
     print(table)

@@ -142,6 +142,22 @@ def train_flags(section, keys):
     return " ".join(flags)
 
 
+def precision_flag():
+    """The numeric precision of every stage that runs a model (training and inference)."""
+    return f"--precision {config['precision']}"
+
+
+def training_flags():
+    """Flags every training stage takes: the precision and the config's training section."""
+    keys = [
+        "gradient_accumulation_steps",
+        "gradient_checkpointing",
+        "max_grad_norm",
+        "num_workers",
+    ]
+    return f"{precision_flag()} {train_flags(config['training'], keys)}"
+
+
 def optim_flags(section):
     return (
         f" --batch-size {section['batch_size']} --group-size {section['group_size']}"

@@ -30,7 +30,10 @@ def train_doc2query_flags(wildcards):
         "max_steps",
     ]
     flags = f"--seed {FT['seed']} {train_flags(d['train'], keys)}"
-    return flags + f" --eval-splits {' '.join(eval_splits_of(wildcards))}"
+    return (
+        flags
+        + f" --eval-splits {' '.join(eval_splits_of(wildcards))} {training_flags()}"
+    )
 
 
 def eval_splits_of(wildcards):
@@ -49,7 +52,7 @@ def doc2query_flags(wildcards):
         "batch_size",
         "max_passages",
     ]
-    flags = f"--seed {FT['seed']} {train_flags(d, keys)}"
+    flags = f"--seed {FT['seed']} {train_flags(d, keys)} {precision_flag()}"
     if d["input_prefix"]:
         flags += f" --input-prefix {shlex.quote(d['input_prefix'])}"
     return flags

@@ -27,7 +27,7 @@ def pretrain_generic_flags(wildcards):
         "epochs",
         "max_steps",
     ]
-    return f"{flags} {train_flags(PT['condenser'], keys)}"
+    return f"{flags} {train_flags(PT['condenser'], keys)} {training_flags()}"
 
 
 def pretrain_corpus_flags(wildcards):
@@ -51,7 +51,10 @@ def pretrain_corpus_flags(wildcards):
         "epochs",
         "max_steps",
     ]
-    return f"--seed {FT['seed']}" f" {train_flags(PT['cocondenser'], keys)}{queries}"
+    return (
+        f"--seed {FT['seed']}"
+        f" {train_flags(PT['cocondenser'], keys)}{queries} {training_flags()}"
+    )
 
 
 def pmi_corpus_input(wildcards):
@@ -178,6 +181,7 @@ def mae_flags(wildcards, phase):
             ],
         ),
         train_flags(m[phase], ["epochs", "max_steps"]),
+        training_flags(),
     ]
     pmi = (
         mae_generic_pmi(wildcards) if phase == "generic" else mae_corpus_pmi(wildcards)
@@ -215,7 +219,9 @@ def pretrain_contriever_flags(wildcards):
         "epochs",
         "max_steps",
     ]
-    return f"--seed {FT['seed']} {train_flags(PT['contriever'], keys)}"
+    return (
+        f"--seed {FT['seed']} {train_flags(PT['contriever'], keys)} {training_flags()}"
+    )
 
 
 rule pretrain_generic:

@@ -29,6 +29,7 @@ def reranker_flags(wildcards):
         + optim_flags(r)
         + f" --max-length {r['max_length']} --head-learning-rate {r['head_learning_rate']}"
         + f" --seed {wildcards.seed}"
+        + f" {training_flags()}"
     )
 
 
@@ -109,11 +110,12 @@ rule rerank:
     params:
         depth=FT["reranker"]["depth"],
         max_length=FT["reranker"]["max_length"],
+        precision=precision_flag(),
     shell:
         "python -m dprflow.stages.rerank --model {input.model} --run {input.run}"
         " --queries {input.queries} --passages {input.passages} --out {output.run}"
         " --trec {output.trec} --depth {params.depth} --max-length {params.max_length}"
-        " --threads {threads} > {log} 2>&1"
+        " {params.precision} --threads {threads} > {log} 2>&1"
 
 
 rule score_candidates:
@@ -141,9 +143,11 @@ rule score_candidates:
         candidates=FT["distill"]["candidates"],
         max_queries=FT["distill"]["max_queries"] or 0,
         max_length=FT["reranker"]["max_length"],
+        precision=precision_flag(),
     shell:
         "python -m dprflow.stages.score_candidates --model {input.model} --negatives {input.negatives}"
         " --queries {input.queries} --qrels {input.qrels} --passages {input.passages}"
         " --out {output.scores} --split {params.split} --candidates {params.candidates}"
         " --max-queries {params.max_queries}"
-        " --max-length {params.max_length} --threads {threads} > {log} 2>&1"
+        " --max-length {params.max_length} {params.precision} --threads {threads}"
+        " > {log} 2>&1"

@@ -60,18 +60,38 @@ def run_tag(wildcards):
 
 
 def encoder_flags(wildcards):
-    """The encoder of a dense run: a zeroshot row's initial model as it ships (or as model.* says),
-    else the trained folder with the geometry it was trained with."""
+    """The encoder of a dense run and its precision (passages, and queries unless the embeddings
+    record theirs): a zeroshot row's initial model as it ships (or as model.* says), else the
+    trained folder with the geometry it was trained with."""
     if wildcards.retriever == "zeroshot":
-        return f"--model {method_init(wildcards)}" + geometry_flags(
+        model = f"--model {method_init(wildcards)}" + geometry_flags(
             *initial_geometry(wildcards.method)
         )
-    return f"--model {RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}/model"
+    else:
+        model = f"--model {RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}/model"
+    return f"{model} {precision_flag()}"
 
 
 def embedding_shards(wildcards):
     base = f"{RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}"
     return [f"{base}/embeddings/shard_{s}.parquet" for s in shards()]
+
+
+def embeddings_output():
+    """A shard of corpus embeddings: removed once every job that reads it is done, unless
+    finetune.keep_embeddings (a BERT-base row of MS MARCO holds about 27 GB)."""
+    path = f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/embeddings/shard_{{shard}}.parquet"
+    return path if FT["keep_embeddings"] else temp(path)
+
+
+def faiss_index_dirs():
+    """The pyserini FaissSearcher folder of every dense row, when finetune.faiss_index is on."""
+    if not FT["faiss_index"]:
+        return []
+    dense = [row for row in systems() if row != "bm25" and not row.endswith("/rerank")]
+    return [
+        f"{RESULTS}/{c}/{row}/faiss" for c in config["collections"] for row in dense
+    ]
 
 
 def train_depth():
@@ -124,7 +144,7 @@ def retriever_flags(wildcards):
         flags += f" --temperature {d['temperature']}"
     if "extra" in inputs:
         flags += f" --extra-negatives {inputs['extra']} --extra-fraction {FT['r2_bm25_fraction']}"
-    return f"{common}{flags}{optim_flags(d)}"
+    return f"{common}{flags}{optim_flags(d)} --chunk-size {d['chunk_size']} {training_flags()}"
 
 
 def mining_depth(wildcards):
@@ -207,7 +227,7 @@ rule encode_corpus:
         passages=rules.split_passages.output.passages,
         model=encoder_inputs,
     output:
-        embeddings=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/embeddings/shard_{{shard}}.parquet",
+        embeddings=embeddings_output(),
     log:
         f"{LOGS}/{{collection}}/{{method}}/{{retriever}}/encode_corpus_{{shard}}.log",
     benchmark:
@@ -266,6 +286,27 @@ rule search_dense:
         " --train-split {params.train_split} --depth {params.depth}"
         " --train-depth {params.train_depth} --max-length {params.max_length}"
         " --tag {params.tag} --threads {threads} > {log} 2>&1"
+
+
+rule export_faiss:
+    input:
+        code=stage_code("export_faiss"),
+        embeddings=embedding_shards,
+    output:
+        index=directory(f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/faiss"),
+    log:
+        f"{LOGS}/{{collection}}/{{method}}/{{retriever}}/export_faiss.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{{retriever}}/export_faiss.tsv"
+    conda:
+        "../envs/training.yaml"
+    threads: 1
+    resources:
+        mem_mb=search_mem_mb,
+        runtime=search_runtime,
+    shell:
+        "python -m dprflow.stages.export_faiss --embeddings {input.embeddings}"
+        " --out {output.index} > {log} 2>&1"
 
 
 rule mine_negatives:

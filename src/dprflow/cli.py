@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from dprflow import provenance
+from dprflow.progress import quiet_hugging_face
 
 log = logging.getLogger("dprflow")
 
@@ -97,6 +98,7 @@ def setup_logging(level: int = logging.INFO) -> None:
 def run_stage(cls: type[A], body: Callable[[A], None], argv: Sequence[str] | None, prog: str) -> int:
     """Parse, log the resolved arguments, run ``body``; return the process exit code."""
     setup_logging()
+    quiet_hugging_face()
     args = parse_args(cls, argv, prog)
     log.info("%s arguments: %s", prog, json.dumps(dataclasses.asdict(args), default=str, sort_keys=True))
     try:

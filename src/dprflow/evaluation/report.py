@@ -123,7 +123,35 @@ def provenance_html(results: Path, table: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
-def comparison_page(markdown: str, results: Path, table: pd.DataFrame) -> str:
+def tensorboard_html(results: Path, model_dirs: list[str]) -> str:
+    """Where each training stage's TensorBoard event files are (``<model>/tensorboard``), and the
+    command that shows them all."""
+    found = [Path(d) / "tensorboard" for d in model_dirs if (Path(d) / "tensorboard").is_dir()]
+    parts = ["<h2>Training curves (TensorBoard)</h2>"]
+    if not found:
+        parts.append(
+            "<p>No TensorBoard event files: install the tensorboard package (<code>pip install "
+            "'dprflow[tracking]'</code>) before training; the losses are in each model's train_log.csv.</p>"
+        )
+        return "\n".join(parts)
+    parts.append(
+        f"<p>{len(found)} training stages wrote event files (loss terms, learning rate, gradient norm, "
+        f"tokens/s): <code>tensorboard --logdir {html.escape(str(results))}</code></p><ul>"
+    )
+    for path in found:
+        rel = (
+            path.resolve().relative_to(results.resolve())
+            if path.resolve().is_relative_to(results.resolve())
+            else path
+        )
+        parts.append(f"<li><code>{html.escape(str(rel))}</code></li>")
+    parts.append("</ul>")
+    return "\n".join(parts)
+
+
+def comparison_page(
+    markdown: str, results: Path, table: pd.DataFrame, model_dirs: list[str] | None = None
+) -> str:
     style = (
         "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin:.5em 0}"
         "td,th{border:1px solid #bbb;padding:3px 7px;font-size:13px;vertical-align:top}"
@@ -132,6 +160,7 @@ def comparison_page(markdown: str, results: Path, table: pd.DataFrame) -> str:
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>dprflow comparison</title>"
         f"<style>{style}</style></head><body>\n{markdown_to_html(markdown)}\n"
+        f"{tensorboard_html(results, model_dirs) if model_dirs is not None else ''}\n"
         f"{provenance_html(results, table)}\n</body></html>\n"
     )
 

@@ -9,6 +9,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from dprflow.precision import autocast, resolve_precision
+from dprflow.progress import Progress
+
 log = logging.getLogger(__name__)
 
 
@@ -20,12 +23,17 @@ def score_pairs(
     max_length: int,
     batch_size: int = 64,
     device: str | torch.device = "cpu",
+    precision: str = "fp32",
 ) -> np.ndarray:
-    """Scores of (query, passage) pairs, in input order; pairs are batched by length (less padding)."""
+    """Scores of (query, passage) pairs, in input order; pairs are batched by length (less padding).
+
+    ``precision`` (a resolved one: ``fp32``, ``bf16``, ``fp16``) runs the forward under
+    ``torch.autocast``; the scores are float32 either way."""
     order = np.argsort([-(len(q) + len(p)) for q, p in zip(queries, passages, strict=True)], kind="stable")
     out = np.empty(len(order), dtype=np.float32)
     model.eval()
-    with torch.inference_mode():
+    progress = Progress(log, "scored", len(order), unit="pairs")
+    with torch.inference_mode(), autocast(precision, device):
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             enc = tokenizer(
@@ -37,8 +45,7 @@ def score_pairs(
                 return_tensors="pt",
             ).to(device)
             out[idx] = model(**enc).float().cpu().numpy()
-            if (start // batch_size) % 50 == 0:
-                log.info("scored %d/%d pairs", min(start + batch_size, len(order)), len(order))
+            progress.update(len(idx))
     return out
 
 
@@ -49,8 +56,12 @@ def score_with_reranker(
     pairs: pd.DataFrame,
     max_length: int,
     batch_size: int = 64,
+    precision: str = "auto",
 ) -> np.ndarray:
-    """Load a reranker folder and score ``pairs`` (query_id, passage_id); ``query_text`` maps id -> text."""
+    """Load a reranker folder and score ``pairs`` (query_id, passage_id); ``query_text`` maps id -> text.
+
+    ``precision``: the setting (``auto``, ``bf16``, ``fp16``, ``fp32``), resolved for the device
+    (:func:`dprflow.precision.resolve_precision`)."""
     from dprflow.finetuning.biencoder import load_tokenizer
     from dprflow.finetuning.cross_encoder import CrossEncoder
     from dprflow.finetuning.examples import passage_texts
@@ -59,6 +70,8 @@ def score_with_reranker(
     texts = passage_texts(passages, tokenizer.sep_token or "|")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = CrossEncoder.from_pretrained(model_dir).to(device)
+    resolved = resolve_precision(precision, device)
+    log.info("scoring in %s on %s", resolved, device)
     return score_pairs(
         model,
         tokenizer,
@@ -67,6 +80,7 @@ def score_with_reranker(
         max_length,
         batch_size,
         device,
+        resolved,
     )
 
 

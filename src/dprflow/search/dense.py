@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -31,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dprflow.data.schemas import atomic_path, schema
+from dprflow.progress import Progress, format_seconds
 
 if TYPE_CHECKING:
     import torch
@@ -142,7 +144,15 @@ def encode_texts(
             if log_every and ((b + 1) % log_every == 0 or b + 1 == n_batches):
                 done = min(start + batch_size, n)
                 rate = done / max(time.perf_counter() - started, 1e-9)
-                log.info("encoded %d/%d texts (batch %d/%d, %.1f texts/s)", done, n, b + 1, n_batches, rate)
+                log.info(
+                    "encoded %d/%d texts (batch %d/%d, %.1f texts/s, ETA %s)",
+                    done,
+                    n,
+                    b + 1,
+                    n_batches,
+                    rate,
+                    format_seconds((n - done) / rate),
+                )
     assert out is not None
     return out
 
@@ -152,16 +162,40 @@ def encode_texts(
 # ---------------------------------------------------------------------------------------------
 
 
-def embeddings_schema(dim: int) -> pa.Schema:
-    """Schema of an embeddings shard: ``passage_id`` string, ``embedding`` fixed-size list of ``dim`` float32."""
+PRECISION_KEY = b"dprflow.precision"
+
+
+def embeddings_schema(dim: int, precision: str | None = None) -> pa.Schema:
+    """Schema of an embeddings shard: ``passage_id`` string, ``embedding`` fixed-size list of ``dim``
+    float32; the metadata names the table and, when given, the precision the encoder ran in."""
+    metadata = {b"dprflow.table": b"embeddings"}
+    if precision is not None:
+        metadata[PRECISION_KEY] = precision.encode()
     return pa.schema(
-        [("passage_id", pa.string()), ("embedding", pa.list_(pa.float32(), dim))],
-        metadata={b"dprflow.table": b"embeddings"},
+        [("passage_id", pa.string()), ("embedding", pa.list_(pa.float32(), dim))], metadata=metadata
     )
 
 
-def write_embeddings(path: str | os.PathLike, ids: Sequence[str], emb: np.ndarray) -> Path:
-    """Write ``ids`` and the float32 ``(N, H)`` matrix ``emb`` atomically to a Parquet shard at ``path``."""
+def embeddings_precision(paths: Sequence[str | os.PathLike]) -> str | None:
+    """The precision the shards were encoded in (``fp32``, ``bf16``, ``fp16``; ``None`` for shards
+    written before it was recorded). Shards of one index encoded in different precisions are an error."""
+    found = {}
+    for path in paths:
+        metadata = pq.read_schema(path).metadata or {}
+        found[str(path)] = metadata[PRECISION_KEY].decode() if PRECISION_KEY in metadata else None
+    kinds = set(found.values())
+    if len(kinds) > 1:
+        raise ValueError(
+            f"embedding shards encoded in different precisions: {found}; re-encode them with one precision"
+        )
+    return kinds.pop() if kinds else None
+
+
+def write_embeddings(
+    path: str | os.PathLike, ids: Sequence[str], emb: np.ndarray, precision: str | None = None
+) -> Path:
+    """Write ``ids`` and the float32 ``(N, H)`` matrix ``emb`` atomically to a Parquet shard at
+    ``path``; ``precision`` (the encoder's, e.g. ``bf16``) is recorded in the file's metadata."""
     emb = np.ascontiguousarray(emb, dtype=np.float32)
     if emb.ndim != 2:
         raise ValueError(f"{path}: embeddings must be a 2-D (N, H) array, got shape {emb.shape}")
@@ -176,7 +210,7 @@ def write_embeddings(path: str | os.PathLike, ids: Sequence[str], emb: np.ndarra
     values = pa.array(emb.reshape(-1), type=pa.float32())
     table = pa.Table.from_arrays(
         [pa.array(ids, type=pa.string()), pa.FixedSizeListArray.from_arrays(values, dim)],
-        schema=embeddings_schema(dim),
+        schema=embeddings_schema(dim, precision),
     )
     with atomic_path(path) as tmp:
         # Float vectors do not compress; skip dictionary and codec work for them.
@@ -341,6 +375,7 @@ class FlatIndex:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         kk = min(int(k), self.ntotal)
+        progress = Progress(log, "searched", q_emb.shape[0], unit="queries")
         for start in range(0, q_emb.shape[0], batch_size):
             q = q_emb[start : start + batch_size]
             if kk == 0:
@@ -355,6 +390,7 @@ class FlatIndex:
             order = np.lexsort((pos, -scores), axis=-1)
             scores = np.take_along_axis(scores, order, axis=1)
             pos = np.take_along_axis(pos, order, axis=1)
+            progress.update(len(q))
             yield start, scores, pos
 
     def search(
@@ -375,6 +411,31 @@ class FlatIndex:
             all_scores[start : start + len(scores)] = scores
             ids.extend(id_table[pos])
         return all_scores, ids
+
+
+def write_faiss_index(index: FlatIndex, out_dir: str | os.PathLike) -> Path:
+    """Write ``index`` as a folder pyserini's ``FaissSearcher`` loads: ``index`` (the faiss
+    ``IndexFlatIP``) and ``docid`` (one passage id per line, in index order).
+
+    The folder is written under a temporary name and renamed when complete. pyserini returns the
+    ids of ``docid`` as its hits' ``docid``: here passage ids (``<doc_id>#<position>``).
+    """
+    import faiss
+
+    out = Path(out_dir)
+    tmp = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    faiss.write_index(index.index, str(tmp / "index"))
+    ids = [str(i) for i in index.ids]
+    bad = next((i for i in ids if "\n" in i), None)
+    if bad is not None:
+        shutil.rmtree(tmp)
+        raise ValueError(f"passage id {bad!r} holds a line break: it cannot go into a docid file")
+    (tmp / "docid").write_text("".join(f"{i}\n" for i in ids))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
 
 
 def iter_search_run(

@@ -20,6 +20,7 @@ import torch
 
 from dprflow.cli import StageError, run_stage
 from dprflow.data.schemas import read_table, write_table
+from dprflow.precision import PRECISIONS, autocast, resolve_precision
 from dprflow.pretraining.query_as_context.doc2query import QueryGenerator, generator_inputs
 
 log = logging.getLogger("dprflow.doc2query")
@@ -45,6 +46,13 @@ class Args:
     max_passage_length: int = field(default=0, metadata={"help": "passage tokens (0: the model's setting)"})
     input_prefix: str | None = field(
         default=None, metadata={"help": "text put before each passage (default: the model's setting)"}
+    )
+    precision: str = field(
+        default="auto",
+        metadata={
+            "help": "auto (bf16 where the GPU supports it, else fp16; fp32 on CPU), bf16, fp16, fp32",
+            "choices": list(PRECISIONS),
+        },
     )
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)"})
 
@@ -82,22 +90,26 @@ def generate(args: Args) -> None:
     generator = QueryGenerator.from_pretrained(
         args.model, max_passage_length=args.max_passage_length or None, input_prefix=args.input_prefix
     )
-    generator.to("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    generator.to(device)
+    precision = resolve_precision(args.precision, device)
+    log.info("generating in %s on %s", precision, device)
     texts = generator_inputs(chosen, generator.tokenizer)
     ids = chosen["passage_id"].tolist()
     t0 = time.perf_counter()
-    queries = generator.generate(
-        [texts[pid] for pid in ids],
-        n=args.n_queries,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
-        sort_by_length=args.sort_by_length,
-        seed=args.seed,
-        keys=ids,
-        log_every=20,
-    )
+    with autocast(precision, device):
+        queries = generator.generate(
+            [texts[pid] for pid in ids],
+            n=args.n_queries,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            sort_by_length=args.sort_by_length,
+            seed=args.seed,
+            keys=ids,
+            log_every=20,
+        )
     seconds = time.perf_counter() - t0
     stats = generator.last_stats
     log.info(

@@ -14,6 +14,7 @@ from dprflow.data.schemas import read_table
 from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer
 from dprflow.finetuning.examples import passage_texts
 from dprflow.finetuning.st_format import POOLINGS, SIMILARITIES
+from dprflow.precision import PRECISIONS, resolve_precision
 from dprflow.search.dense import encode_texts, write_embeddings
 
 log = logging.getLogger("dprflow.encode_corpus")
@@ -39,6 +40,14 @@ class Args:
     similarity: str | None = geometry_field("similarity (cosine: unit vectors)", SIMILARITIES)
     max_length: int = field(default=144, metadata={"help": "passage tokens"})
     batch_size: int = field(default=64, metadata={"help": "passages per batch"})
+    precision: str = field(
+        default="auto",
+        metadata={
+            "help": "auto (bf16 where the GPU supports it, else fp16; fp32 on CPU), bf16, fp16, fp32; "
+            "recorded in the shard, and search encodes the queries the same way",
+            "choices": list(PRECISIONS),
+        },
+    )
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
 
     def check(self) -> None:
@@ -66,6 +75,7 @@ def encode(args: Args) -> None:
         )
     tokenizer = load_tokenizer(args.model)
     device = model_device()
+    precision = resolve_precision(args.precision, device)
     model = (
         BiEncoder.from_pretrained(args.model, pooling=args.pooling, similarity=args.similarity)
         .to(device)
@@ -79,11 +89,11 @@ def encode(args: Args) -> None:
         args.max_length,
         batch_size=args.batch_size,
         device=device,
-        autocast="bf16" if device.type == "cuda" else None,
+        autocast=None if precision == "fp32" else precision,
     )
-    write_embeddings(args.out, part["passage_id"].tolist(), emb)
+    write_embeddings(args.out, part["passage_id"].tolist(), emb, precision=precision)
     log.info(
-        "shard %d/%d: %d passages, dimension %d, %s pooling, %s similarity (%s)",
+        "shard %d/%d: %d passages, dimension %d, %s pooling, %s similarity (%s), precision %s",
         args.shard,
         args.num_shards,
         len(part),
@@ -91,6 +101,7 @@ def encode(args: Args) -> None:
         model.pooling,
         model.similarity,
         model.source,
+        precision,
     )
 
 

@@ -57,7 +57,7 @@ def build(args: Args) -> None:
     with atomic_path(args.out_loss) as tmp:
         plots.training_loss(logs, tmp)
     with atomic_path(args.out_html) as tmp:
-        tmp.write_text(report.comparison_page(Path(args.compare_md).read_text(), results, table))
+        tmp.write_text(report.comparison_page(Path(args.compare_md).read_text(), results, table, args.models))
     with atomic_path(args.out_config) as tmp:
         tmp.write_text(yaml.safe_dump(json.loads(args.config_json), sort_keys=False))
     log.info(

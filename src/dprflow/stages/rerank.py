@@ -11,6 +11,7 @@ import torch
 from dprflow.cli import run_stage
 from dprflow.data.schemas import read_table
 from dprflow.finetuning.reranking import rerank_run, score_with_reranker
+from dprflow.precision import PRECISIONS
 from dprflow.search.runs import write_run
 
 log = logging.getLogger("dprflow.rerank")
@@ -29,6 +30,13 @@ class Args:
     depth: int = field(default=100, metadata={"help": "K3: rerank this many per query"})
     max_length: int = field(default=176, metadata={"help": "query + passage tokens"})
     batch_size: int = field(default=64, metadata={"help": "pairs per batch"})
+    precision: str = field(
+        default="auto",
+        metadata={
+            "help": "auto (bf16 where the GPU supports it, else fp16; fp32 on CPU), bf16, fp16, fp32",
+            "choices": list(PRECISIONS),
+        },
+    )
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
 
 
@@ -39,7 +47,9 @@ def rerank(args: Args) -> None:
     queries = read_table(args.queries, "queries").set_index("query_id")["text"]
     top = run[run["rank"] <= args.depth]
     passages = read_table(args.passages, "passages")
-    scores = score_with_reranker(args.model, queries, passages, top, args.max_length, args.batch_size)
+    scores = score_with_reranker(
+        args.model, queries, passages, top, args.max_length, args.batch_size, args.precision
+    )
     write_run(rerank_run(run, scores, args.depth), args.out, args.trec, tag="rerank")
     log.info("reranked %d pairs of %d queries", len(top), top["query_id"].nunique())
 

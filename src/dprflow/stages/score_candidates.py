@@ -15,6 +15,7 @@ import torch
 from dprflow.cli import run_stage
 from dprflow.data.schemas import read_table, write_table
 from dprflow.finetuning.reranking import score_with_reranker
+from dprflow.precision import PRECISIONS
 from dprflow.search.runs import positive_passages
 
 log = logging.getLogger("dprflow.score_candidates")
@@ -37,6 +38,13 @@ class Args:
     )
     max_length: int = field(default=176, metadata={"help": "query + passage tokens"})
     batch_size: int = field(default=64, metadata={"help": "pairs per batch"})
+    precision: str = field(
+        default="auto",
+        metadata={
+            "help": "auto (bf16 where the GPU supports it, else fp16; fp32 on CPU), bf16, fp16, fp32",
+            "choices": list(PRECISIONS),
+        },
+    )
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
 
 
@@ -57,7 +65,7 @@ def score(args: Args) -> None:
     positives = positives[positives["query_id"].isin(set(negatives["query_id"]))]
     pairs = pd.concat([positives, negatives[["query_id", "passage_id"]]]).drop_duplicates(ignore_index=True)
     pairs["score"] = score_with_reranker(
-        args.model, queries, passages, pairs, args.max_length, args.batch_size
+        args.model, queries, passages, pairs, args.max_length, args.batch_size, args.precision
     )
     write_table(pairs, args.out, "scores")
     log.info(

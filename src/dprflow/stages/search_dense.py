@@ -17,7 +17,8 @@ from dprflow.cli import StageError, run_stage
 from dprflow.data.schemas import atomic_path, read_table
 from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer
 from dprflow.finetuning.st_format import POOLINGS, SIMILARITIES
-from dprflow.search.dense import FlatIndex, encode_texts, search_to_run
+from dprflow.precision import PRECISIONS, resolve_precision
+from dprflow.search.dense import FlatIndex, embeddings_precision, encode_texts, search_to_run
 from dprflow.search.runs import write_run
 from dprflow.stages.encode_corpus import geometry_field, model_device
 
@@ -46,7 +47,38 @@ class Args:
     max_length: int = field(default=32, metadata={"help": "query tokens"})
     batch_size: int = field(default=128, metadata={"help": "queries per encoding and search batch"})
     tag: str = field(default="dprflow", metadata={"help": "TREC run tag"})
+    precision: str = field(
+        default="auto",
+        metadata={
+            "help": "query encoding precision for shards that do not record theirs (auto, bf16, fp16, "
+            "fp32); shards that record one (encode_corpus) decide: queries match their passages",
+            "choices": list(PRECISIONS),
+        },
+    )
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
+
+
+def query_precision(args: Args, device: torch.device) -> str:
+    """The queries are encoded in the precision of their passages (recorded in the shards), so the
+    two sides of a row's scores agree; ``--precision`` decides for shards that record none."""
+    try:
+        recorded = embeddings_precision(args.embeddings)
+    except ValueError as exc:
+        raise StageError(str(exc)) from exc
+    wanted = resolve_precision(args.precision, device)
+    if recorded is None:
+        log.info("queries encoded in %s (the shards record no precision)", wanted)
+        return wanted
+    if recorded != wanted:
+        log.warning(
+            "queries encoded in %s, the precision of the passages (--precision %s gives %s here)",
+            recorded,
+            args.precision,
+            wanted,
+        )
+    else:
+        log.info("queries encoded in %s, as the passages", recorded)
+    return recorded
 
 
 def search(args: Args) -> None:
@@ -55,6 +87,7 @@ def search(args: Args) -> None:
     index = FlatIndex.from_files(args.embeddings)
     tokenizer = load_tokenizer(args.model)
     device = model_device()
+    precision = query_precision(args, device)
     model = (
         BiEncoder.from_pretrained(args.model, pooling=args.pooling, similarity=args.similarity)
         .to(device)
@@ -75,6 +108,7 @@ def search(args: Args) -> None:
             args.max_length,
             batch_size=args.batch_size,
             device=device,
+            autocast=None if precision == "fp32" else precision,
         )
         run = search_to_run(index, chosen["query_id"].tolist(), emb, depth, batch_size=args.batch_size)
         write_run(run, out, trec, tag=args.tag)

@@ -3,7 +3,10 @@ or distilled from the reranker's scores (``--teacher``).
 
 Loss: softmax cross-entropy of the positive against in-batch and hard negatives (CDMAE eq. 10,
 coCondenser section 3.4); with ``--teacher``, KL to the reranker's distribution over each
-query's group plus alpha times that contrastive loss (CDMAE eq. 11 and section 3.4).
+query's group plus alpha times that contrastive loss (CDMAE eq. 11 and section 3.4). With
+``--chunk-size`` the batch is encoded in chunks with a gradient cache (same gradient, the memory
+of one chunk); with ``--gradient-accumulation-steps`` each micro-batch has its own in-batch
+negatives (see :class:`dprflow.training.trainer.Trainer`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dprflow.finetuning.examples import GroupTrainingArgs, read_training_example
 from dprflow.finetuning.losses import contrastive_loss, distillation_loss
 from dprflow.training import distributed
 from dprflow.training.memory import check_training_memory
+from dprflow.training.steps import biencoder_step
 from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.train_retriever")
@@ -73,6 +77,13 @@ class Args(GroupTrainingArgs):
     )
     max_query_length: int = field(default=32, metadata={"help": "query tokens"})
     max_passage_length: int = field(default=144, metadata={"help": "passage tokens"})
+    chunk_size: int = field(
+        default=0,
+        metadata={
+            "help": "gradient cache: encode this many queries / passages at a time, with the full "
+            "batch's gradient (0: the whole batch at once)"
+        },
+    )
 
     def check(self) -> None:
         if self.group_size < 1 or (self.teacher and self.group_size < 2):
@@ -81,6 +92,8 @@ class Args(GroupTrainingArgs):
             raise ValueError(f"--temperature must be > 0, got {self.temperature}")
         if self.student_over == "batch" and self.direction != "teacher_student":
             raise ValueError("--student-over batch needs --direction teacher_student (KL(S||T) is infinite)")
+        if self.chunk_size < 0:
+            raise ValueError(f"--chunk-size must be >= 0, got {self.chunk_size}")
 
 
 def train(args: Args) -> None:
@@ -137,23 +150,16 @@ def train(args: Args) -> None:
             )
         return q, p, teacher
 
-    def step(m, batch):
-        q_in, p_in, teacher = batch
-        device = next(m.parameters()).device
-        q, p = m(q_in.to(device), p_in.to(device))
+    def loss_fn(q, p, teacher):
         rank, world = distributed.get_rank(), distributed.get_world_size()
         offset = rank * q.size(0)
         p_all = distributed.gather_with_grad(p) if world > 1 else p
         if teacher is None:
-            return {
-                "loss": contrastive_loss(
-                    q, p_all, group_size=G, temperature=model.temperature, rank_offset=offset
-                )
-            }
-        out = distillation_loss(
+            return contrastive_loss(q, p_all, group_size=G, temperature=model.temperature, rank_offset=offset)
+        return distillation_loss(
             q,
             p_all,
-            teacher.to(device),
+            teacher,
             group_size=G,
             alpha=args.alpha,
             temperature=model.temperature,
@@ -161,9 +167,31 @@ def train(args: Args) -> None:
             rank_offset=offset,
             student_over=args.student_over,
         )
-        return {"loss": out.loss, "kl": out.kl, "contrastive": out.contrastive}
 
-    train_and_save(model, items, make_batch, step, BiEncoder, tokenizer, args, {"training_queries": counts})
+    def step(m, batch, backward):
+        q_in, p_in, teacher = batch
+        device = next(m.parameters()).device
+        teacher = None if teacher is None else teacher.to(device)
+        return biencoder_step(
+            m,
+            q_in.to(device),
+            p_in.to(device),
+            lambda q, p: loss_fn(q, p, teacher),
+            args.chunk_size,
+            backward,
+        )
+
+    train_and_save(
+        model,
+        items,
+        make_batch,
+        step,
+        BiEncoder,
+        tokenizer,
+        args,
+        {"training_queries": counts},
+        manual_backward=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

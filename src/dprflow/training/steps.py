@@ -119,3 +119,75 @@ def cocondenser_gradcache_step(
     return CoCondenserOutput(
         result.loss, result.cached_loss, result.parts["head_mlm"], result.parts["backbone_mlm"]
     )
+
+
+def biencoder_step(
+    model: nn.Module,
+    query_inputs: Mapping[str, torch.Tensor],
+    passage_inputs: Mapping[str, torch.Tensor],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | Mapping[str, torch.Tensor]],
+    chunk_size: int,
+    backward_fn: Callable[[torch.Tensor], None],
+) -> dict[str, torch.Tensor]:
+    """Back-propagate a bi-encoder's fine-tuning loss ``loss_fn(q [B, H], p [B * G, H])``: whole, or
+    with a gradient cache in chunks of ``chunk_size`` queries and ``chunk_size`` passages when
+    either side holds more (0: always whole).
+
+    The loss couples the batch (in-batch negatives: every query is scored against every passage,
+    coCondenser eq. 14, CDMAE eq. 10-11), so the cache computes all the embeddings without a
+    graph first, the loss and its gradient with respect to them (the cache), then re-encodes
+    each chunk with a graph and back-propagates ``<embedding, cached gradient>`` (Gao et al.,
+    2021; coCondenser §3.3 eq. 9-12, here without a local loss). The gradient equals the full
+    batch's (dropout included: each chunk's forward is replayed with its random state), with the
+    activations of one chunk in memory: the papers' fine-tuning batches (64 queries x groups of
+    32 passages) fit one GPU.
+
+    ``loss_fn`` returns a scalar, or a mapping with ``loss`` (back-propagated) and other terms to
+    log. Returns the detached values for logging (``loss`` first).
+
+    Limits: with several processes, ``loss_fn`` gathers the passages itself (as the whole-batch
+    path does); separate query and passage towers under DDP need the whole-batch path (a chunk
+    of one side leaves the other tower's weights unused in its forward).
+    """
+    n_queries = len(query_inputs["input_ids"])
+    n_passages = len(passage_inputs["input_ids"])
+    if not chunk_size or (chunk_size >= n_queries and chunk_size >= n_passages):
+        q, p = model(query_inputs, passage_inputs)
+        out = _as_loss_dict(loss_fn(q, p))
+        backward_fn(out["loss"])
+        return {name: value.detach() for name, value in out.items()}
+
+    core = unwrap(model)
+    if not getattr(core, "shared", True) and isinstance(model, nn.parallel.DistributedDataParallel):
+        raise ValueError(
+            "the fine-tuning gradient cache needs a shared encoder under DDP; set chunk_size 0 "
+            "or train a shared (siamese) encoder"
+        )
+    chunks = [("query", c) for c in split_batch(dict(query_inputs), chunk_size)]
+    chunks += [("passage", c) for c in split_batch(dict(passage_inputs), chunk_size)]
+    logged: dict[str, torch.Tensor] = {}
+
+    def rep_fn(m: nn.Module, chunk: tuple[str, dict[str, torch.Tensor]]) -> torch.Tensor:
+        side, inputs = chunk
+        return core.encode_query(**inputs) if side == "query" else core.encode_passage(**inputs)
+
+    def chunk_loss_fn(m: nn.Module, chunk: tuple[str, dict[str, torch.Tensor]]) -> ChunkLoss:
+        side, inputs = chunk  # through the (DDP) module's forward, so DDP sees every chunk
+        q, p = m(inputs, None) if side == "query" else m(None, inputs)
+        return ChunkLoss(q if side == "query" else p)
+
+    def batch_loss(reps: torch.Tensor) -> torch.Tensor:
+        out = _as_loss_dict(loss_fn(reps[:n_queries], reps[n_queries:]))
+        logged.update({name: value.detach() for name, value in out.items() if name != "loss"})
+        return out["loss"]
+
+    result = gradcache_step(model, chunks, rep_fn, batch_loss, chunk_loss_fn, backward_fn=backward_fn)
+    return {"loss": result.loss, **logged}
+
+
+def _as_loss_dict(out: torch.Tensor | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return {"loss": out}
+    if hasattr(out, "_asdict"):  # a NamedTuple such as DistillationLoss
+        return dict(out._asdict())
+    return dict(out)

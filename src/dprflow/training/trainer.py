@@ -1,8 +1,10 @@
 """The training loop shared by every fine-tuning stage (retrievers, reranker, distillation).
 
 One code path for CPU and GPU, one process or several (``torchrun``): AdamW with a linear
-warm-up and decay, mixed precision on GPU (bf16 where supported, else fp16 with a scaler),
-a per-step loss log (``train_log.csv``), and resumable checkpoints.
+warm-up and decay, mixed precision on GPU (bf16 where supported, else fp16 with a scaler;
+:mod:`dprflow.precision`), gradient accumulation, gradient checkpointing, clipping, batches built
+in DataLoader workers when asked, a per-step log (``train_log.csv``, and TensorBoard events when
+the package is installed), and resumable checkpoints.
 
 Determinism and resume. Batches are a pure function of ``(seed, epoch, step)``: the order of the
 training queries in an epoch comes from ``seed + epoch``, and each batch's sampling from a
@@ -26,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import hashlib
-import inspect
 import json
 import logging
 import math
@@ -46,7 +47,12 @@ import torch
 
 from dprflow import provenance
 from dprflow.data.schemas import disk_full_error
+from dprflow.precision import PRECISIONS, resolve_precision
+from dprflow.precision import autocast as precision_autocast
+from dprflow.progress import format_seconds
 from dprflow.training import distributed
+from dprflow.training.batches import StepBatches, count_tokens, split_rows, step_loader
+from dprflow.training.tracking import EVENTS_DIR, EventLog
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +76,11 @@ class TrainArgs:
     max_steps: int = 0  # > 0: exactly this many optimizer steps, whatever epochs says; 0: epochs
     seed: int = 13
     checkpoint_every: int = 100
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = 1.0  # 0: no clipping
     precision: str = "auto"  # auto (bf16/fp16 on GPU, fp32 on CPU), fp32, bf16, fp16
+    gradient_accumulation_steps: int = 1  # micro-batches per optimizer step (see Trainer)
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass
+    num_workers: int = 0  # DataLoader worker processes that build the batches (0: this process)
 
 
 @dataclass(kw_only=True)
@@ -101,7 +110,21 @@ class OptimArgs:
     checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
     precision: str = field(
         default="auto",
-        metadata={"help": "auto, fp32, bf16, fp16", "choices": ["auto", "fp32", "bf16", "fp16"]},
+        metadata={
+            "help": "auto (bf16 where the GPU supports it, else fp16; fp32 on CPU), bf16, fp16, fp32",
+            "choices": list(PRECISIONS),
+        },
+    )
+    max_grad_norm: float = field(default=1.0, metadata={"help": "clip the gradient norm (0: no clipping)"})
+    gradient_accumulation_steps: int = field(
+        default=1,
+        metadata={"help": "split each process's batch into this many micro-batches, one backward each"},
+    )
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "recompute activations in the backward pass (less memory)"}
+    )
+    num_workers: int = field(
+        default=0, metadata={"help": "DataLoader processes building the batches (0: the training process)"}
     )
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)"})
 
@@ -110,15 +133,6 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def batch_rng(seed: int, step: int) -> np.random.Generator:
-    """The generator of one batch's sampling: independent of what ran before (resume-safe)."""
-    return np.random.default_rng([seed, step])
-
-
-def epoch_order(n_items: int, seed: int, epoch: int) -> np.ndarray:
-    return np.random.default_rng([seed, 1_000_003 + epoch]).permutation(n_items)
 
 
 def total_steps(n_items: int, args: TrainArgs) -> int:
@@ -136,13 +150,10 @@ def fingerprint(payload: dict[str, Any]) -> str:
 
 
 def autocast_context(device: torch.device, precision: str):
-    if device.type != "cuda" or precision == "fp32":
-        return contextlib.nullcontext(), None
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    if dtype is None:  # auto
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
-    return torch.autocast("cuda", dtype=dtype), scaler
+    """The autocast context of the training forward and the fp16 loss scaler (``None`` unless fp16)."""
+    resolved = resolve_precision(precision, device)
+    scaler = torch.amp.GradScaler("cuda") if resolved == "fp16" else None
+    return precision_autocast(resolved, device), scaler
 
 
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
@@ -187,6 +198,18 @@ class Trainer:
     With ``manual_backward`` the step runs its own backward passes (a gradient cache does several):
     it is called as ``step_fn(model, batch, backward)`` and must call ``backward(tensor)``, which
     applies the fp16 loss scaling when there is one; its returned values are only logged.
+
+    Gradient accumulation (``args.gradient_accumulation_steps = k``): the batch of a step is built
+    as without accumulation, then cut into ``k`` micro-batches of ``B / k`` examples
+    (:func:`~dprflow.training.batches.split_rows`); each runs its forward and a backward of
+    ``loss / k``, and the optimizer steps once. The accumulated gradient is the mean of the
+    micro-batch losses' gradients: the full batch's gradient when the loss is a mean of
+    per-example terms (the reranker's list-wise loss, a contrastive loss over each query's own
+    group). A loss that couples the examples of a batch is computed *per micro-batch* instead:
+    a contrastive loss with in-batch negatives sees the ``B / k`` queries of its micro-batch and
+    their passages only (fewer negatives), a token-mean loss averages per micro-batch, a MoCo
+    queue is fed per micro-batch. Where the full batch's contrastive gradient is wanted, use the
+    stage's gradient cache (``chunk_size``), exact with the memory of one chunk.
     """
 
     def __init__(
@@ -206,9 +229,6 @@ class Trainer:
         self.args = args
         self.items = list(items)
         self.make_batch = make_batch
-        # make_batch(rng, items, epoch) when it asks for the epoch (a sampler that must draw a
-        # different candidate for an item in each epoch), else make_batch(rng, items).
-        self.batch_takes_epoch = len(inspect.signature(make_batch).parameters) >= 3
         self.step_fn = step_fn
         self.save_fn = save_fn
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -221,7 +241,26 @@ class Trainer:
                 f"batch_size {args.batch_size} is not divisible by {self.dist.world_size} processes"
             )
         self.local_batch = args.batch_size // self.dist.world_size
+        if args.gradient_accumulation_steps < 1 or self.local_batch % args.gradient_accumulation_steps:
+            raise ValueError(
+                f"gradient_accumulation_steps {args.gradient_accumulation_steps} must be >= 1 and divide "
+                f"the batch of each process ({self.local_batch} = batch_size {args.batch_size} / "
+                f"{self.dist.world_size} processes)"
+            )
+        # make_batch(rng, items, epoch) when it asks for the epoch (a sampler that must draw a
+        # different candidate for an item in each epoch), else make_batch(rng, items).
+        self.batches = StepBatches(
+            self.items, make_batch, args.seed, args.batch_size, self.dist.rank, self.dist.world_size
+        )
         self.steps = total_steps(len(self.items), args)
+        if args.gradient_checkpointing:
+            enable = getattr(model, "gradient_checkpointing_enable", None)
+            if enable is None:
+                raise ValueError(f"gradient_checkpointing: {type(model).__name__} does not support it")
+            # Non-reentrant checkpointing: gradients reach the weights although the inputs (token
+            # ids) need none, and the recomputation replays the forward's dropout masks.
+            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            log.info("gradient checkpointing on")
         self.model = model.to(self.dist.device)
         self.optimizer = torch.optim.AdamW(parameter_groups(self.model, args), lr=args.learning_rate)
         warmup = int(self.steps * args.warmup_ratio)
@@ -320,14 +359,11 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------------
     def epoch_and_index(self, step: int) -> tuple[int, int]:
         """The epoch of global step ``step`` (0-based) and the step's place in it."""
-        return divmod(step, len(self.items) // self.args.batch_size)
+        return self.batches.epoch_and_index(step)
 
     def local_items(self, step: int) -> list[Any]:
         """The items of this process's share of global step ``step`` (0-based)."""
-        epoch, index = self.epoch_and_index(step)
-        order = epoch_order(len(self.items), self.args.seed, epoch)
-        start = index * self.args.batch_size + self.dist.rank * self.local_batch
-        return [self.items[i] for i in order[start : start + self.local_batch]]
+        return self.batches.local_items(step)
 
     def train(self, load_fn: Callable[[torch.nn.Module, Path], None], log_path: str | Path) -> list[dict]:
         start = self._resume(load_fn)
@@ -339,50 +375,105 @@ class Trainer:
                 history = [row for row in csv.DictReader(fh) if int(row["step"]) <= start]
         self.model.train()
         t0 = time.time()
-        for step in range(start, self.steps):
-            rng = batch_rng(self.args.seed, step)
-            # Every rank draws the whole global batch's randomness in the same order, then keeps
-            # its share, so the sampling does not depend on the number of processes.
-            items = self.local_items(step)
-            if self.batch_takes_epoch:
-                batch = self.make_batch(rng, items, self.epoch_and_index(step)[0])
-            else:
-                batch = self.make_batch(rng, items)
-            with self.autocast:
-                if self.manual_backward:
-                    out = self.step_fn(self.ddp_model, batch, self._backward)
-                else:
-                    out = self.step_fn(self.ddp_model, batch)
-            loss = out["loss"]
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"loss is {loss.item()} at step {step + 1}")
-            if not self.manual_backward:
-                self._backward(loss)
-            if self.scaler:
-                self.scaler.unscale_(self.optimizer)
-            if self.args.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
-            if self.scaler:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            row = {"step": step + 1, "lr": self.scheduler.get_last_lr()[0]}
-            row.update(self._mean_over_ranks(out))
-            history.append(row)
-            if (step + 1) % 10 == 0 or step + 1 == self.steps:
-                rate = (step + 1 - start) / max(1e-9, time.time() - t0)
-                log.info("step %d/%d loss %.4f (%.2f steps/s)", step + 1, self.steps, row["loss"], rate)
-            if (step + 1) % self.args.checkpoint_every == 0 and step + 1 < self.steps:
-                self._write_log(history, log_path)
-                self._save_checkpoint(step + 1)
-            if os.environ.get(KILL_ENV) == str(step + 1):
-                # Fault injection for the resume tests: die like `kill -9`, with no clean-up.
-                os.kill(os.getpid(), signal.SIGKILL)
+        events = EventLog(log_path.parent, enabled=self.dist.is_main, start=start)
+        # Every rank draws the whole global batch's randomness in the same order, then keeps
+        # its share, so the sampling does not depend on the number of processes (StepBatches).
+        loader = step_loader(
+            self.batches, start, self.steps, self.args.num_workers, pin_memory=self.dist.device.type == "cuda"
+        )
+        tokens, step_start = 0, time.perf_counter()
+        try:
+            for step, batch in zip(range(start, self.steps), loader, strict=True):
+                step_tokens = count_tokens(batch)
+                out = self._accumulate(step, batch)
+                grad_norm = self._optimizer_step()
+                row = {"step": step + 1, "lr": self.scheduler.get_last_lr()[0]}
+                row.update(self._mean_over_ranks(out))
+                row["grad_norm"] = grad_norm
+                history.append(row)
+                now = time.perf_counter()
+                tokens += step_tokens
+                events.scalars(
+                    step + 1,
+                    {
+                        **{f"train/{k}": v for k, v in row.items() if k != "step"},
+                        "train/tokens_per_s": step_tokens / max(now - step_start, 1e-9),
+                    },
+                )
+                step_start = now
+                if (step + 1) % 10 == 0 or step + 1 == self.steps:
+                    elapsed = max(1e-9, time.time() - t0)
+                    rate = (step + 1 - start) / elapsed
+                    log.info(
+                        "step %d/%d loss %.4f (%.2f steps/s, %.0f tokens/s per process, elapsed %s, ETA %s)",
+                        step + 1,
+                        self.steps,
+                        row["loss"],
+                        rate,
+                        tokens / elapsed,
+                        format_seconds(elapsed),
+                        format_seconds((self.steps - step - 1) / rate),
+                    )
+                if (step + 1) % self.args.checkpoint_every == 0 and step + 1 < self.steps:
+                    self._write_log(history, log_path)
+                    self._save_checkpoint(step + 1)
+                if os.environ.get(KILL_ENV) == str(step + 1):
+                    # Fault injection for the resume tests: die like `kill -9`, with no clean-up.
+                    os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            events.close()
         self._write_log(history, log_path)
         return history
+
+    def _optimizer_step(self) -> float:
+        """Clip (``max_grad_norm``; 0 leaves the gradients as they are), step, zero the gradients;
+        returns the gradient norm before clipping."""
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        # With no clipping the bound is infinite: the norm is measured, the gradients scaled by 1.
+        bound = self.args.max_grad_norm or math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), bound)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def _accumulate(self, step: int, batch: Any) -> dict[str, torch.Tensor]:
+        """Forward and backward of one step's batch in ``gradient_accumulation_steps``
+        micro-batches (class docstring); returns the logged values, averaged over them."""
+        k = self.args.gradient_accumulation_steps
+        no_sync = getattr(self.ddp_model, "no_sync", None)
+        outs: list[dict[str, torch.Tensor]] = []
+        for index, part in enumerate(split_rows(batch, k)):
+            # DDP all-reduces the gradients once, in the backward of the last micro-batch.
+            last = index == k - 1
+            with contextlib.nullcontext() if (no_sync is None or last) else no_sync():
+                with self.autocast:
+                    if self.manual_backward:
+                        out = self.step_fn(self.ddp_model, part, self._micro_backward)
+                    else:
+                        out = self.step_fn(self.ddp_model, part)
+                loss = out["loss"]
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"loss is {loss.item()} at step {step + 1}")
+                if not self.manual_backward:
+                    self._micro_backward(loss)
+            outs.append(out)
+        if k == 1:
+            return outs[0]
+        return {
+            name: torch.stack([torch.as_tensor(o[name]).detach().float().reshape(()) for o in outs]).mean()
+            for name in outs[0]
+        }
+
+    def _micro_backward(self, tensor: torch.Tensor) -> None:
+        """Backward of one micro-batch's share, ``tensor / k`` (``tensor`` itself when k = 1)."""
+        k = self.args.gradient_accumulation_steps
+        self._backward(tensor / k if k > 1 else tensor)
 
     def _mean_over_ranks(self, out: dict[str, torch.Tensor]) -> dict[str, float]:
         """The logged scalars, averaged over processes: with equal local batches the mean of the
@@ -453,9 +544,17 @@ def mean_of(values: Sequence[float]) -> float:
 
 
 # Stage arguments that describe where things go or how fast, not what is trained: they do not
-# enter the checkpoint identity, so moving the output or changing threads, the checkpoint
-# interval or the job's memory still resumes.
-NON_IDENTITY_ARGS = ("out", "checkpoint_dir", "threads", "training_queries", "mem_mb", "checkpoint_every")
+# enter the checkpoint identity, so moving the output or changing threads, loader workers, the
+# checkpoint interval or the job's memory still resumes.
+NON_IDENTITY_ARGS = (
+    "out",
+    "checkpoint_dir",
+    "threads",
+    "training_queries",
+    "mem_mb",
+    "checkpoint_every",
+    "num_workers",
+)
 
 
 def train_args_from(args: Any) -> TrainArgs:
@@ -513,6 +612,8 @@ def train_and_save(
                 json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
             )
             shutil.copy(log_path, tmp / "train_log.csv")
+            if (checkpoint_dir / EVENTS_DIR).is_dir():
+                shutil.copytree(checkpoint_dir / EVENTS_DIR, tmp / EVENTS_DIR)
         except (OSError, RuntimeError) as exc:
             full = disk_full_error(exc, tmp)
             shutil.rmtree(tmp, ignore_errors=True)

@@ -57,6 +57,7 @@ from torch import nn
 from dprflow.cli import StageError
 from dprflow.finetuning.examples import passage_texts
 from dprflow.model_init import resolve_model
+from dprflow.progress import format_seconds
 from dprflow.search.runs import positive_passages
 
 log = logging.getLogger(__name__)
@@ -367,6 +368,10 @@ class QueryGenerator(nn.Module):
         total, count = self.token_losses(**batch)
         return total / count.clamp(min=1)
 
+    def gradient_checkpointing_enable(self, **kwargs) -> None:
+        """Turn on gradient checkpointing in the seq2seq model (training uses no cache already)."""
+        self.model.gradient_checkpointing_enable(**kwargs)
+
     @torch.no_grad()
     def mean_loss(self, passages: Sequence[str], queries: Sequence[str], batch_size: int = 32) -> float:
         """Mean token cross-entropy over all the pairs (every token weighs the same), dropout off."""
@@ -448,7 +453,13 @@ class QueryGenerator(nn.Module):
                 if log_every and (b + 1) % log_every == 0:
                     done = start + len(idx)
                     rate = done / max(1e-9, time.perf_counter() - t0)
-                    log.info("generated for %d/%d passages (%.2f passages/s)", done, len(order), rate)
+                    log.info(
+                        "generated for %d/%d passages (%.2f passages/s, ETA %s)",
+                        done,
+                        len(order),
+                        rate,
+                        format_seconds((len(order) - done) / rate),
+                    )
         finally:
             self.train(was_training)
         stats["queries"] = sum(len(r) for r in results)

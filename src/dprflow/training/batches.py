@@ -1,0 +1,168 @@
+"""The batches of a training run: a pure function of ``(seed, step)``, built in worker processes,
+and split into micro-batches for gradient accumulation.
+
+- :class:`StepBatches` is a map-style dataset whose item ``step`` is the local batch of that
+  optimizer step: the items of the step (the epoch's order comes from ``seed + epoch``) turned
+  into model inputs by the stage's ``make_batch`` with a generator seeded by ``(seed, step)``.
+  Nothing depends on what was built before, so a resumed run and a run whose batches come from
+  DataLoader worker processes see exactly the batches of an uninterrupted single-process run.
+- :func:`step_loader` iterates over the steps ``start..steps-1``, in this process
+  (``num_workers=0``, today's path) or in ``num_workers`` processes that build batches ahead of
+  the training loop, with pinned host memory when the model is on a GPU.
+- :func:`split_rows` cuts one batch into ``k`` micro-batches along the row dimension of every
+  tensor it holds (a ``[B, ...]`` query tensor and a ``[B * G, ...]`` passage tensor alike), so a
+  micro-batch holds ``B / k`` whole examples with their groups.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def batch_rng(seed: int, step: int) -> np.random.Generator:
+    """The generator of one batch's sampling: independent of what ran before (resume-safe)."""
+    return np.random.default_rng([seed, step])
+
+
+def epoch_order(n_items: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([seed, 1_000_003 + epoch]).permutation(n_items)
+
+
+class StepBatches(torch.utils.data.Dataset):
+    """Item ``step`` (0-based, global) is this process's batch of that step.
+
+    ``make_batch(rng, items)`` (or ``make_batch(rng, items, epoch)`` when it takes a third
+    argument) turns the items into model inputs. Every rank draws from the same generator and
+    keeps its share of the global batch, so the batches do not depend on the process count.
+    """
+
+    def __init__(
+        self,
+        items: Sequence[Any],
+        make_batch: Callable[..., Any],
+        seed: int,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        self.items = list(items)
+        self.make_batch = make_batch
+        self.takes_epoch = len(inspect.signature(make_batch).parameters) >= 3
+        self.seed = seed
+        self.batch_size = batch_size
+        self.local_batch = batch_size // world_size
+        self.rank = rank
+
+    def epoch_and_index(self, step: int) -> tuple[int, int]:
+        """The epoch of global step ``step`` (0-based) and the step's place in it."""
+        return divmod(step, len(self.items) // self.batch_size)
+
+    def local_items(self, step: int) -> list[Any]:
+        """The items of this process's share of global step ``step`` (0-based)."""
+        epoch, index = self.epoch_and_index(step)
+        order = epoch_order(len(self.items), self.seed, epoch)
+        start = index * self.batch_size + self.rank * self.local_batch
+        return [self.items[i] for i in order[start : start + self.local_batch]]
+
+    def __getitem__(self, step: int) -> Any:
+        rng = batch_rng(self.seed, step)
+        items = self.local_items(step)
+        if self.takes_epoch:
+            return self.make_batch(rng, items, self.epoch_and_index(step)[0])
+        return self.make_batch(rng, items)
+
+
+def _as_is(batch: Any) -> Any:
+    """The DataLoader's collate function: a batch is already built (keeps its types)."""
+    return batch
+
+
+def step_loader(
+    batches: StepBatches, start: int, steps: int, num_workers: int = 0, pin_memory: bool = False
+) -> Iterator[Any]:
+    """The batches of steps ``start..steps-1`` in order.
+
+    ``num_workers=0`` builds each batch in this process when it is needed. Otherwise a
+    ``torch.utils.data.DataLoader`` builds them in ``num_workers`` worker processes, a few steps
+    ahead (each batch is still ``batches[step]``: the same tensors, whichever worker built it).
+    ``pin_memory`` puts them in page-locked memory for faster, asynchronous copies to a GPU.
+    """
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    if num_workers == 0:
+        for step in range(start, steps):
+            yield batches[step]
+        return
+    loader = torch.utils.data.DataLoader(
+        batches,
+        batch_size=None,  # an item is a whole batch
+        sampler=range(start, steps),
+        num_workers=num_workers,
+        collate_fn=_as_is,
+        pin_memory=pin_memory,
+        prefetch_factor=2,
+        # The workers' seeds come from a generator of their own: drawing them from torch's global
+        # one would move the dropout masks of the training process. (Batches draw from their
+        # (seed, step) generator only, never from a worker's seed.)
+        generator=torch.Generator().manual_seed(batches.seed),
+    )
+    yield from loader
+
+
+def split_rows(batch: Any, k: int) -> list[Any]:
+    """``batch`` cut into ``k`` micro-batches along dim 0 of every tensor (nested in dicts, tuples,
+    lists, ``BatchEncoding``); other values (``None``, numbers, strings, 0-dim tensors) go to every
+    micro-batch.
+
+    Every tensor's row count must be a multiple of ``k``: micro-batch ``i`` then holds rows
+    ``i * n / k : (i + 1) * n / k`` of each, which keeps grouped layouts together (query ``j``'s
+    group ``p[j * G : (j + 1) * G]`` lands with query ``j``; coCondenser's sibling spans ``2j``,
+    ``2j + 1`` stay in one micro-batch when the documents divide by ``k``).
+    """
+    if k < 1:
+        raise ValueError(f"gradient_accumulation_steps must be >= 1, got {k}")
+    if k == 1:
+        return [batch]
+    return [_take(batch, k, i) for i in range(k)]
+
+
+def _take(value: Any, k: int, i: int) -> Any:
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0:  # a value of the whole batch (a count to log): every micro-batch sees it
+            return value
+        if value.size(0) % k:
+            raise ValueError(
+                f"cannot split a tensor of shape {tuple(value.shape)} into {k} micro-batches "
+                "(gradient_accumulation_steps must divide every batch dimension)"
+            )
+        n = value.size(0) // k
+        return value[i * n : (i + 1) * n]
+    if isinstance(value, Mapping):
+        taken = {key: _take(v, k, i) for key, v in value.items()}
+        return taken if type(value) is dict else type(value)(taken)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple
+        return type(value)(*(_take(v, k, i) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_take(v, k, i) for v in value)
+    return value
+
+
+def count_tokens(batch: Any) -> int:
+    """The real (unpadded) tokens of a batch: the sum of every ``attention_mask`` it holds
+    (nested in dicts, tuples, lists); for throughput in tokens/s."""
+    if isinstance(batch, Mapping):
+        total = 0
+        for key, value in batch.items():
+            if key == "attention_mask" and isinstance(value, torch.Tensor):
+                total += int(value.sum())
+            elif not isinstance(value, torch.Tensor):
+                total += count_tokens(value)
+        return total
+    if isinstance(batch, (tuple, list)):
+        return sum(count_tokens(v) for v in batch)
+    return 0
