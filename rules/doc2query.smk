@@ -79,6 +79,7 @@ rule train_doc2query:
         runtime=720,
         # how often to save, not what is trained: a resource, so changing it reruns nothing
         checkpoint_every=FT["checkpoint_every"],
+        num_workers=config["training"]["num_workers"],
     params:
         launch=training_launcher,
         init=config["model"]["init"],
@@ -89,7 +90,7 @@ rule train_doc2query:
         "{params.launch} -m dprflow.stages.train_doc2query --init {params.init}"
         " --queries {input.queries} --qrels {input.qrels} --passages {input.passages}"
         " --split {params.split} --out {output.model} --checkpoint-dir {params.checkpoints}"
-        " {params.flags} --checkpoint-every {resources.checkpoint_every} --threads {threads} > {log} 2>&1"
+        " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
 
 
 rule doc2query:

@@ -243,6 +243,7 @@ rule pretrain_generic:
         runtime=720,
         # how often to save, not what is trained: a resource, so changing it reruns nothing
         checkpoint_every=FT["checkpoint_every"],
+        num_workers=config["training"]["num_workers"],
     params:
         launch=training_launcher,
         init=config["model"]["init"],
@@ -250,7 +251,7 @@ rule pretrain_generic:
         checkpoints=f"{RESULTS}/pretrain/condenser/generic/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.pretrain_generic --init {params.init} --out {output.model}"
-        " --checkpoint-dir {params.checkpoints} {params.flags} --checkpoint-every {resources.checkpoint_every} --threads {threads} > {log} 2>&1"
+        " --checkpoint-dir {params.checkpoints} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
 
 
 rule pretrain_corpus:
@@ -273,6 +274,7 @@ rule pretrain_corpus:
         runtime=720,
         # how often to save, not what is trained: a resource, so changing it reruns nothing
         checkpoint_every=FT["checkpoint_every"],
+        num_workers=config["training"]["num_workers"],
     params:
         launch=training_launcher,
         flags=pretrain_corpus_flags,
@@ -280,7 +282,7 @@ rule pretrain_corpus:
     shell:
         "{params.launch} -m dprflow.stages.pretrain_corpus --init {input.init} --passages {input.passages}"
         " --out {output.model} --checkpoint-dir {params.checkpoints} {params.flags}"
-        " --checkpoint-every {resources.checkpoint_every} --threads {threads} > {log} 2>&1"
+        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
 
 
 rule pretrain_contriever:
@@ -302,6 +304,7 @@ rule pretrain_contriever:
         runtime=720,
         # how often to save, not what is trained: a resource, so changing it reruns nothing
         checkpoint_every=FT["checkpoint_every"],
+        num_workers=config["training"]["num_workers"],
     params:
         launch=training_launcher,
         init=config["model"]["init"],
@@ -310,7 +313,7 @@ rule pretrain_contriever:
     shell:
         "{params.launch} -m dprflow.stages.pretrain_contriever --init {params.init}"
         " --passages {input.passages} --out {output.model} --checkpoint-dir {params.checkpoints}"
-        " {params.flags} --checkpoint-every {resources.checkpoint_every} --threads {threads} > {log} 2>&1"
+        " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
 
 
 # Masked auto-encoders (BMAE, CDMAE, CoT-MAE): n-gram statistics for CDMAE's importance-aware
@@ -384,6 +387,7 @@ rule pretrain_mae_generic:
         runtime=720,
         # how often to save, not what is trained: a resource, so changing it reruns nothing
         checkpoint_every=FT["checkpoint_every"],
+        num_workers=config["training"]["num_workers"],
     params:
         launch=training_launcher,
         init=config["model"]["init"],
@@ -392,7 +396,7 @@ rule pretrain_mae_generic:
     shell:
         "{params.launch} -m dprflow.stages.pretrain_mae --variant {wildcards.mae} --init {params.init}"
         " --out {output.model} --checkpoint-dir {params.checkpoints} {params.flags}"
-        " --checkpoint-every {resources.checkpoint_every} --threads {threads} > {log} 2>&1"
+        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
 
 
 rule pretrain_mae_corpus:
@@ -416,6 +420,7 @@ rule pretrain_mae_corpus:
         runtime=720,
         # how often to save, not what is trained: a resource, so changing it reruns nothing
         checkpoint_every=FT["checkpoint_every"],
+        num_workers=config["training"]["num_workers"],
     params:
         launch=training_launcher,
         variant=mae_variant,
@@ -425,4 +430,4 @@ rule pretrain_mae_corpus:
     shell:
         "{params.launch} -m dprflow.stages.pretrain_mae --variant {params.variant} --init {params.init}"
         " --corpus passages --corpus-path {input.passages} --out {output.model}"
-        " --checkpoint-dir {params.checkpoints} {params.flags} --checkpoint-every {resources.checkpoint_every} --threads {threads} > {log} 2>&1"
+        " --checkpoint-dir {params.checkpoints} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"

@@ -73,6 +73,7 @@ rule train_reranker:
         runtime=train_reranker_runtime,
         # how often to save, not what is trained: a resource, so changing it reruns nothing
         checkpoint_every=FT["checkpoint_every"],
+        num_workers=config["training"]["num_workers"],
     params:
         launch=training_launcher,
         init=reranker_init(),
@@ -83,7 +84,7 @@ rule train_reranker:
         "{params.launch} -m dprflow.stages.train_reranker --init {params.init} --queries {input.queries}"
         " --qrels {input.qrels} --passages {input.passages} --negatives {input.negatives}"
         " --split {params.split} --out {output.model} --checkpoint-dir {params.checkpoints}"
-        " {params.flags} --checkpoint-every {resources.checkpoint_every} --mem-mb {resources.mem_mb}"
+        " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --mem-mb {resources.mem_mb}"
         " --threads {threads} > {log} 2>&1"
 
 

@@ -207,6 +207,7 @@ rule train_retriever:
         runtime=train_retriever_runtime,
         # how often to save, not what is trained: a resource, so changing it reruns nothing
         checkpoint_every=FT["checkpoint_every"],
+        num_workers=config["training"]["num_workers"],
     params:
         launch=training_launcher,
         init=method_init,
@@ -217,7 +218,7 @@ rule train_retriever:
         "{params.launch} -m dprflow.stages.train_retriever --init {params.init} --queries {input.queries}"
         " --qrels {input.qrels} --passages {input.passages} --negatives {input.negatives}"
         " --split {params.split} --out {output.model} --checkpoint-dir {params.checkpoints}"
-        " {params.flags} --checkpoint-every {resources.checkpoint_every} --mem-mb {resources.mem_mb}"
+        " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --mem-mb {resources.mem_mb}"
         " --threads {threads} > {log} 2>&1"
 
 

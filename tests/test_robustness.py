@@ -406,6 +406,15 @@ def test_checkpoint_interval_and_threads_retrain_nothing(finished_tiny_results):
         workdir, workdir / "base.yaml", "--set-threads", "train_retriever=2", "pretrain_corpus=2"
     )
     assert threads == {}
+    import copy
+
+    import yaml
+
+    workers = copy.deepcopy(config)
+    workers.setdefault("training", {})["num_workers"] = 2  # builds the same batches (test_training_scale)
+    (workdir / "workers.yaml").write_text(yaml.safe_dump(workers))
+    jobs = planned_jobs(workdir, workdir / "workers.yaml")
+    assert not [r for r in jobs if r.startswith(trained)], jobs
     # A setting of what is trained does retrain (the check above can fail).
     jobs = planned_jobs(
         workdir,

@@ -262,7 +262,7 @@ finetune:
 
 
 def dry_run_commands(tmp_path) -> dict[str, list[str]]:
-    """Each rule's shell commands in a dry run of the default config with ``OVERRIDES`` on top."""
+    """Each rule's shell commands in a dry run of every method (all-methods.yaml) with ``OVERRIDES`` on top."""
     import subprocess
     import sys
     from pathlib import Path
@@ -272,7 +272,11 @@ def dry_run_commands(tmp_path) -> dict[str, list[str]]:
     snakemake = str(Path(sys.executable).with_name("snakemake"))
     result = subprocess.run(
         [snakemake, "-n", "-p", "-s", str(root / "Snakefile"), "--directory", str(tmp_path)]
-        + ["--configfile", str(root / "config" / "config.yaml"), str(tmp_path / "over.yaml")],
+        + [
+            "--configfile",
+            str(root / "config" / "examples" / "all-methods.yaml"),
+            str(tmp_path / "over.yaml"),
+        ],
         cwd=root,
         capture_output=True,
         text=True,
