@@ -100,6 +100,9 @@ def runs(slurm_cluster, tmp_path_factory):
     (beir / "corpus.jsonl").write_text("this is not json\n")
     (beir / "queries.jsonl").write_text('{"_id": "q1", "text": "a query"}\n')
     (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    # A training split too, so the config passes the checks made when the DAG is built and the
+    # failure happens where this test wants it: in the ingest job on the cluster.
+    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
     config = yaml.safe_load(TINY.read_text())
     config["collections"]["broken"] = {"source": "beir", "path": str(beir)}
     slurm_config = slurm_dir / "config.yaml"

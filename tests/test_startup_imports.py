@@ -33,6 +33,7 @@ LIGHT: dict[str, set[str]] = {
         "check",
         "compare",  # scipy only when a t-test runs
         "evaluate",
+        "export_faiss",  # faiss only when the index is written
         "ingest",
         "mine_negatives",
         "nb_recall",

@@ -506,7 +506,11 @@ def dry_run(tmp_path, overrides: str, *targets: str) -> str:
             "--directory",
             str(tmp_path),
         ]
-        + ["--configfile", str(root / "config" / "config.yaml"), str(tmp_path / "over.yaml")],
+        + [
+            "--configfile",
+            str(root / "config" / "examples" / "all-methods.yaml"),
+            str(tmp_path / "over.yaml"),
+        ],
         cwd=root,
         capture_output=True,
         text=True,

@@ -14,4 +14,4 @@ def test_cotmae_with_gradient_accumulation(tiny_init, passages, tmp_path):  # no
     args = mae_args("cotmae", tiny_init, out, passages, gradient_accumulation_steps=2, max_steps=2)
     assert pretrain_mae.main(args) == 0
     log = pd.read_csv(out / "train_log.csv")
-    assert list(log["step"]) == [1, 2] and (log["loss"] > 0).all() and "context_fallbacks" in log
+    assert list(log["step"]) == [1, 2] and (log["loss"] > 0).all() and {"enc_mlm", "dec_mlm"} <= set(log)
