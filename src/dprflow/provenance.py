@@ -133,6 +133,11 @@ def _stored(file: Path, key: str | None) -> dict[str, Any] | None:
     return entry if isinstance(entry, dict) and entry.get("sha256") else None
 
 
+# Hashes of user data (no cache is written beside it) taken in this process, with the stat they
+# were taken at: a stage hashes its inputs for provenance and again for its checkpoint identity.
+_HASHED: dict[str, tuple[dict[str, Any], str]] = {}
+
+
 def cached_sha256(path: str | os.PathLike) -> tuple[str, bool]:
     """SHA-256 of ``path`` and whether it was reused (no content read).
 
@@ -147,6 +152,11 @@ def cached_sha256(path: str | os.PathLike) -> tuple[str, bool]:
     """
     path = Path(path)
     now: dict[str, Any] | None = None
+    memo = _HASHED.get(str(path))
+    if memo is not None:  # hashed earlier in this process (provenance, then the checkpoint identity)
+        now = stat_of(path)
+        if memo[0] == now:
+            return memo[1], True
     for stored in (_stored(record_path(path), "artifact"), _stored(hash_cache_path(path), None)):
         if stored is None:
             continue
@@ -156,7 +166,9 @@ def cached_sha256(path: str | os.PathLike) -> tuple[str, bool]:
     produced = record_path(path).is_file()
     entry = artifact_entry(path) if produced else None
     if entry is None:  # not a stage's artifact (user data: nothing written beside it), or it
-        return sha256_of(path), False  # changed while being hashed: hash it, cache nothing
+        digest = sha256_of(path)  # changed while being hashed: hash it, cache it in memory only
+        _HASHED[str(path)] = (now or stat_of(path), digest)
+        return digest, False
     cache = hash_cache_path(path)
     tmp = cache.with_name(f"{path.name}.{os.getpid()}{HASH_SUFFIX}.tmp")
     try:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dprflow.model_init import resolve_model
 from dprflow.pretraining.masking import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
@@ -181,6 +182,25 @@ def load_saved_lm_head(lm_head: nn.Module, state: dict, record: dict, weights: P
         raise ValueError(
             f"{weights}: MLM head mismatch, missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}"
         )
+
+
+def load_backbone(source: str | Path, what: str, **model_kwargs: Any) -> nn.Module:
+    """``AutoModel.from_pretrained(source)``, checked to be a backbone ``what`` supports."""
+    from transformers import AutoModel
+
+    backbone = AutoModel.from_pretrained(source, **model_kwargs)
+    check_backbone(backbone, what)
+    return backbone
+
+
+def backbone_with_mlm_head(
+    name_or_path: str | Path, what: str, **model_kwargs: Any
+) -> tuple[nn.Module, nn.Module]:
+    """The backbone of a plain checkpoint (a folder, a packaged model name or a hub id) and its
+    MLM head (:func:`pretrained_mlm_head`): where a fresh Condenser or MAE starts."""
+    source = resolve_model(str(name_or_path))
+    backbone = load_backbone(source, what, **model_kwargs)
+    return backbone, pretrained_mlm_head(source, backbone, **model_kwargs)
 
 
 def pretrained_mlm_head(source: str, backbone: nn.Module, **model_kwargs: Any) -> nn.Module:

@@ -51,17 +51,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dprflow.model_init import resolve_model
 from dprflow.pretraining.backbone import (
+    backbone_with_mlm_head,
     check_backbone,
     freeze_pooler,
     layer_attention_mask,
     layer_output,
+    load_backbone,
     load_extras,
     mlm_loss,
     new_layers,
     new_mlm_head,
-    pretrained_mlm_head,
     read_saved_record,
     save_with_extras,
     tie_mlm_head,
@@ -337,16 +337,11 @@ class Condenser(nn.Module):
         ``model_kwargs`` go to ``from_pretrained`` (``dtype``, ``attn_implementation``, ...).
         The random head is initialised from torch's global generator: seed it first.
         """
-        from transformers import AutoModel
-
         local = Path(path).expanduser()
         head_dir = local / HEAD_DIR
         if head_dir.is_dir():
             return cls._from_saved(local, config, **model_kwargs)
-        source = resolve_model(str(path))
-        backbone = AutoModel.from_pretrained(source, **model_kwargs)
-        check_backbone(backbone, "Condenser")
-        lm_head = pretrained_mlm_head(source, backbone, **model_kwargs)
+        backbone, lm_head = backbone_with_mlm_head(path, "Condenser", **model_kwargs)
         model = cls(backbone, lm_head, config)
         log.info(
             "Condenser from %s: %d early + %d late layers, %d new head layers",
@@ -359,7 +354,6 @@ class Condenser(nn.Module):
 
     @classmethod
     def _from_saved(cls, path: Path, config: CondenserConfig | None, **model_kwargs: Any) -> Condenser:
-        from transformers import AutoModel
 
         head_dir = path / HEAD_DIR
         record = read_saved_record(head_dir, HEAD_CONFIG, "Condenser")
@@ -378,8 +372,7 @@ class Condenser(nn.Module):
                 )
             if config.n_early is None:
                 config = dataclasses.replace(config, n_early=saved.n_early)
-        backbone = AutoModel.from_pretrained(path, **model_kwargs)
-        check_backbone(backbone, "Condenser")
+        backbone = load_backbone(path, "Condenser", **model_kwargs)
         model = cls(backbone, None, config)
         load_extras(head_dir, record, {"head": model.head}, model.lm_head, backbone.device)
         log.info("Condenser restored from %s (backbone and head)", path)

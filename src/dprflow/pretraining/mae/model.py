@@ -61,17 +61,17 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from dprflow.model_init import resolve_model
 from dprflow.pretraining.backbone import (
+    backbone_with_mlm_head,
     check_backbone,
     freeze_pooler,
     layer_attention_mask,
     layer_output,
+    load_backbone,
     load_extras,
     mlm_loss,
     new_layers,
     new_mlm_head,
-    pretrained_mlm_head,
     read_saved_record,
     save_with_extras,
     tie_mlm_head,
@@ -313,15 +313,10 @@ class BottleneckedMAE(nn.Module):
         ``model_kwargs`` go to ``from_pretrained`` (``dtype``, ``attn_implementation``, ...).
         The random parts are initialised from torch's global generator: seed it first.
         """
-        from transformers import AutoModel
-
         local = Path(path).expanduser()
         if (local / DECODER_DIR).is_dir():
             return cls._from_saved(local, config, **model_kwargs)
-        source = resolve_model(str(path))
-        backbone = AutoModel.from_pretrained(source, **model_kwargs)
-        check_backbone(backbone, "BottleneckedMAE")
-        lm_head = pretrained_mlm_head(source, backbone, **model_kwargs)
+        backbone, lm_head = backbone_with_mlm_head(path, "BottleneckedMAE", **model_kwargs)
         model = cls(backbone, lm_head, config)
         log.info(
             "bottlenecked MAE from %s: %d encoder layers, %d new decoder layers, %s",
@@ -334,7 +329,6 @@ class BottleneckedMAE(nn.Module):
 
     @classmethod
     def _from_saved(cls, path: Path, config: MAEConfig | None, **model_kwargs: Any) -> BottleneckedMAE:
-        from transformers import AutoModel
 
         decoder_dir = path / DECODER_DIR
         record = read_saved_record(decoder_dir, DECODER_CONFIG, "bottlenecked MAE")
@@ -347,8 +341,7 @@ class BottleneckedMAE(nn.Module):
                     f"{path} holds a model with {name}={getattr(saved, name)}; config asks for "
                     f"{name}={getattr(config, name)} (only ratios and loss weights may change)"
                 )
-        backbone = AutoModel.from_pretrained(path, **model_kwargs)
-        check_backbone(backbone, "BottleneckedMAE")
+        backbone = load_backbone(path, "BottleneckedMAE", **model_kwargs)
         model = cls(backbone, None, config)
         parts = {"decoder": model.decoder, "projection": model.projection}
         load_extras(decoder_dir, record, parts, model.lm_head, backbone.device)
