@@ -124,7 +124,8 @@ def test_training_lowers_the_loss_and_stores_the_validation_loss(train_data, tin
     assert saved["extra"]["validation_loss"] == record["validation_loss"]
     assert saved["generator"] == {"input_prefix": "", "max_passage_length": 32, "max_query_length": 12}
     assert f"{record['validation_loss']:.4f} after" in caplog.text
-    assert not (train_data / "gen.ckpt").exists() and not (train_data / ".gen.staging").exists()
+    assert [p.name for p in (train_data / "gen.ckpt").iterdir()] == ["finished"]
+    assert not (train_data / ".gen.staging").exists()
     # The folder reloads as a generator (and as a plain EncoderDecoderModel) with the same weights.
     reloaded = QueryGenerator.from_pretrained(out)
     assert reloaded.config.max_query_length == 12 and reloaded.start_id == 101 and reloaded.eos_id == 102

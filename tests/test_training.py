@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -108,7 +109,8 @@ def test_same_seed_same_weights_and_training_changes_them(train_data, tiny_init)
     assert same_weights(train_data / "a", train_data / "b")
     log = pd.read_csv(train_data / "a" / "train_log.csv")
     assert log["step"].tolist() == [1, 2, 3, 4, 5, 6]  # 12 queries / 4 per batch * 2 epochs
-    assert not (train_data / "a.ckpt").exists(), "checkpoints are removed once the model is written"
+    kept = [p.name for p in (train_data / "a.ckpt").iterdir()]
+    assert kept == ["finished"], "checkpoints are removed once the model is written; links to it stay"
     init = weights(tiny_init)
     trained = weights(train_data / "a")
     assert not torch.equal(
@@ -136,6 +138,62 @@ def test_killed_training_resumes_to_the_same_weights(train_data, tiny_init):
     a = pd.read_csv(train_data / "whole" / "train_log.csv")
     b = pd.read_csv(train_data / "resumed" / "train_log.csv")
     np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-6)
+
+
+def test_a_rerun_on_the_same_inputs_reuses_the_finished_model(train_data, tiny_init, caplog):
+    """Snakemake reruns a job whose inputs were rewritten with the same content (after a change of
+    finetune.encode_shards, say): the stage puts its finished model back instead of training."""
+    assert train_retriever.main(argv(train_data, tiny_init, "f")) == 0
+    before = (train_data / "f" / "model.safetensors").read_bytes()
+    finished = train_data / "f.ckpt" / "finished" / "model" / "model.safetensors"
+    assert finished.stat().st_nlink == 2  # a hard link: no second copy on disk
+    shutil.rmtree(train_data / "f")  # what Snakemake does before it reruns a job
+    negatives = pd.read_parquet(train_data / "negatives.parquet")
+    write_table(negatives, train_data / "negatives.parquet", "negatives")  # rewritten, same content
+    caplog.clear()
+    assert train_retriever.main(argv(train_data, tiny_init, "f")) == 0
+    assert "reused the model this stage finished" in caplog.text and "step 1/" not in caplog.text
+    assert (train_data / "f" / "model.safetensors").read_bytes() == before
+    assert (train_data / "f" / "train_log.csv").exists()
+    # Other content at the same path: trained again, and the log says what changed.
+    write_table(negatives[negatives["rank"] <= 8], train_data / "negatives.parquet", "negatives")
+    shutil.rmtree(train_data / "f")
+    caplog.clear()
+    assert train_retriever.main(argv(train_data, tiny_init, "f")) == 0
+    assert "not reusing the finished model" in caplog.text and "negatives.parquet" in caplog.text
+    assert (train_data / "f" / "model.safetensors").read_bytes() != before
+
+
+def test_the_encoding_is_the_same_for_any_number_of_shards(train_data, tiny_init):
+    """Every passage is encoded in the same global batch whatever the shard count, so the shards
+    together hold identical floats in identical order (the same matrix calls run: no rounding
+    difference to allow for), and a search over them gives the same run."""
+    from dprflow.search.dense import read_embeddings
+    from dprflow.stages import encode_corpus
+
+    passages = pd.read_parquet(train_data / "passages.parquet")
+    passages["text"] = [" ".join(["topic"] * (1 + i * 7 % 11)) for i in range(len(passages))]
+    passages["n_tokens"] = [2 + i * 7 % 11 for i in range(len(passages))]
+    write_table(passages, train_data / "passages.parquet", "passages")
+
+    def encoded(shards: int) -> tuple[np.ndarray, np.ndarray]:
+        ids, embs = [], []
+        for shard in range(shards):
+            out = train_data / f"emb_{shards}_{shard}.parquet"
+            common = ["--model", str(tiny_init), "--passages", str(train_data / "passages.parquet")]
+            args = [*common, "--out", str(out), "--shard", str(shard), "--num-shards", str(shards)]
+            assert encode_corpus.main([*args, "--batch-size", "5", "--max-length", "16"]) == 0
+            i, e = read_embeddings(out)
+            ids.append(i)
+            embs.append(e)
+        return np.concatenate(ids), np.concatenate(embs)
+
+    ids1, emb1 = encoded(1)
+    assert sorted(ids1) == sorted(passages["passage_id"])
+    for shards in (3, 4):
+        ids, emb = encoded(shards)
+        assert (ids == ids1).all()
+        assert np.array_equal(emb, emb1)
 
 
 def test_checkpoint_of_other_arguments_is_not_resumed(train_data, tiny_init, caplog):

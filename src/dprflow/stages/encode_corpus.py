@@ -1,4 +1,12 @@
-"""Stage ``encode_corpus``: one shard of the passages encoded into an embeddings file."""
+"""Stage ``encode_corpus``: one shard of the passages encoded into an embeddings file.
+
+The number of shards only splits the work: every passage is encoded in the same batch whatever
+the shard count (the passages are put in one global order, longest first by their ``n_tokens``,
+and cut into global batches of ``--batch-size``; a shard encodes the whole batches that hold its
+rows), so the shards together hold the same floats, in the same order, for 1 shard or 8, and a
+dense search over them gives the same file. Changing ``finetune.encode_shards`` therefore reruns
+the encoding and search jobs but no training: the training stages downstream find their inputs
+unchanged and reuse their finished models (``dprflow.training.trainer``)."""
 
 from __future__ import annotations
 
@@ -60,6 +68,17 @@ def shard_rows(n: int, shard: int, num_shards: int) -> slice:
     return slice(int(bounds[shard]), int(bounds[shard + 1]))
 
 
+def global_order(n_tokens: np.ndarray) -> np.ndarray:
+    """The order every shard count encodes in: longest passage first (stable, so equal lengths keep
+    their row order), which also keeps the padding of each batch small."""
+    return np.argsort(-np.asarray(n_tokens, dtype=np.int64), kind="stable")
+
+
+def batch_aligned(rows: slice, batch_size: int, n: int) -> slice:
+    """The smallest run of whole global batches (of ``batch_size``, from row 0) covering ``rows``."""
+    return slice(rows.start // batch_size * batch_size, min(-(-rows.stop // batch_size) * batch_size, n))
+
+
 def model_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -68,7 +87,9 @@ def encode(args: Args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     passages = read_table(args.passages, "passages")
-    part = passages.iloc[shard_rows(len(passages), args.shard, args.num_shards)]
+    passages = passages.iloc[global_order(passages["n_tokens"].to_numpy())]
+    rows = shard_rows(len(passages), args.shard, args.num_shards)
+    part = passages.iloc[rows]
     if part.empty:
         raise StageError(
             f"{args.passages}: shard {args.shard} of {args.num_shards} is empty ({len(passages)} passages)"
@@ -81,16 +102,22 @@ def encode(args: Args) -> None:
         .to(device)
         .eval()
     )
-    texts = passage_texts(part, tokenizer.sep_token or "|")
+    # The whole global batches around this shard's rows, encoded in order: each passage sits in
+    # the same batch (same neighbours, same padding) as with any other shard count.
+    aligned = batch_aligned(rows, args.batch_size, len(passages))
+    batches = passages.iloc[aligned]
+    texts = passage_texts(batches, tokenizer.sep_token or "|")
     emb = encode_texts(
-        [texts[p] for p in part["passage_id"]],
+        [texts[p] for p in batches["passage_id"]],
         tokenizer,
         model.encode_passage,
         args.max_length,
         batch_size=args.batch_size,
+        sort_by_length=False,
         device=device,
         autocast=None if precision == "fp32" else precision,
     )
+    emb = emb[rows.start - aligned.start : rows.stop - aligned.start]
     write_embeddings(args.out, part["passage_id"].tolist(), emb, precision=precision)
     log.info(
         "shard %d/%d: %d passages, dimension %d, %s pooling, %s similarity (%s), precision %s",

@@ -61,6 +61,11 @@ CHECKPOINT_PREFIX = "step-"
 KILL_ENV = "DPRFLOW_KILL_AFTER_STEP"
 # Beside COMPLETE: the identity's parts (arguments, input hashes), so a mismatch can say what changed.
 IDENTITY_FILE = "identity.json"
+# In the checkpoint folder, once a stage has succeeded: its final model folder (hard links, so no
+# second copy on disk) with the identity it was trained under. A rerun of the stage with the same
+# arguments and input contents (Snakemake reruns a job whose inputs were rewritten, e.g. after
+# `finetune.encode_shards` changed) puts it back instead of training again.
+FINISHED_DIR = "finished"
 
 
 @dataclass
@@ -509,10 +514,72 @@ class Trainer:
         os.replace(tmp, path)
 
     def finish(self) -> None:
-        """Remove the checkpoints once the final model is written (the job succeeded)."""
-        if self.dist.is_main:
-            shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+        """Remove the checkpoints once the final model is written (the job succeeded); the
+        finished model's links (:data:`FINISHED_DIR`) stay."""
+        if self.dist.is_main and self.checkpoint_dir.is_dir():
+            for path in self.checkpoint_dir.iterdir():
+                if path.name == FINISHED_DIR:
+                    continue
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
         distributed.cleanup()
+
+    def reuse_finished(self, out: Path) -> bool:
+        """Put back the model this stage finished with the same identity (arguments and input
+        contents) as ``out``, instead of training again; ``False`` when there is none."""
+        finished = self.checkpoint_dir / FINISHED_DIR
+        if not (finished / "COMPLETE").is_file():
+            return False
+        if (finished / "COMPLETE").read_text() != self.identity:
+            log.info(
+                "not reusing the finished model in %s: it was made with other arguments or data (%s)",
+                finished,
+                self._identity_difference(finished),
+            )
+            return False
+        if self.dist.is_main:
+            tmp = out.parent / f".{out.name}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(finished / "model", tmp, copy_function=link_or_copy)
+            shutil.rmtree(out, ignore_errors=True)
+            tmp.rename(out)
+        log.info(
+            "reused the model this stage finished with the same arguments and input contents (%s): "
+            "no training; delete %s to train again",
+            finished,
+            finished,
+        )
+        return True
+
+    def keep_finished(self, out: Path) -> None:
+        """Link the final model folder ``out`` into the checkpoint folder with this run's identity."""
+        if not self.dist.is_main:
+            return
+        finished = self.checkpoint_dir / FINISHED_DIR
+        tmp = self.checkpoint_dir / f".{FINISHED_DIR}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(finished, ignore_errors=True)
+        try:
+            tmp.mkdir(parents=True)
+            shutil.copytree(out, tmp / "model", copy_function=link_or_copy)
+            (tmp / IDENTITY_FILE).write_text(json.dumps(self.identity_payload, indent=1, default=str))
+            (tmp / "COMPLETE").write_text(self.identity)
+            tmp.rename(finished)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            log.warning(
+                "could not keep the finished model in %s (%s): a rerun will train again", finished, exc
+            )
+
+
+def link_or_copy(src: str, dst: str) -> None:
+    """A hard link where the file system allows one, else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def state_bytes(state: Any) -> int:
@@ -575,7 +642,9 @@ def train_and_save(
 ) -> None:
     """Train with checkpoints in ``stage_args.checkpoint_dir``, then write the final model folder
     ``stage_args.out`` atomically (model, tokenizer, ``training_args.json``, ``train_log.csv``)
-    and remove the checkpoints. ``model_class.from_pretrained`` reloads a checkpoint's model."""
+    and remove the checkpoints, keeping links to the final model (:data:`FINISHED_DIR`): a rerun
+    with the same arguments and input contents puts it back without training.
+    ``model_class.from_pretrained`` reloads a checkpoint's model."""
     record = {k: v for k, v in asdict(stage_args).items() if k != "threads"}
     record.update(extra_record)
 
@@ -600,9 +669,12 @@ def train_and_save(
         identity,
         manual_backward,
     )
+    out = Path(stage_args.out)
+    if trainer.reuse_finished(out):
+        trainer.finish()
+        return
     log_path = checkpoint_dir / "train_log.csv"
     trainer.train(load, log_path)
-    out = Path(stage_args.out)
     tmp = out.parent / f".{out.name}.tmp"
     if trainer.dist.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -622,4 +694,5 @@ def train_and_save(
             raise full from exc
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
+        trainer.keep_finished(out)
     trainer.finish()
