@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import test_training
 import torch
 from safetensors.torch import load_file
-
-from dprflow.data.schemas import write_table
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 ROOT = Path(__file__).resolve().parents[1]
+# 12 training queries over 24 passages, a negative pool per query (as the CPU tests train on).
+train_data = test_training.train_data
 WORDS = ["passage", "number", "about", "topic", *map(str, range(30))]
 
 
@@ -44,36 +45,6 @@ def tiny_init(tmp_path_factory):
     )
     BertModel(config).save_pretrained(out)
     return out
-
-
-@pytest.fixture
-def train_data(tmp_path):
-    n = 12
-    passages = pd.DataFrame(
-        {
-            "passage_id": [f"d{i}#0" for i in range(2 * n)],
-            "doc_id": [f"d{i}" for i in range(2 * n)],
-            "position": 0,
-            "title": "",
-            "text": [f"passage number {i} about topic {i % 5}" for i in range(2 * n)],
-            "n_tokens": 6,
-        }
-    )
-    queries = pd.DataFrame(
-        {"query_id": [f"q{i}" for i in range(n)], "text": [f"topic {i}" for i in range(n)], "split": "train"}
-    )
-    qrels = pd.DataFrame(
-        {"query_id": queries["query_id"], "doc_id": [f"d{i}" for i in range(n)], "relevance": 1}
-    )
-    negatives = pd.DataFrame(
-        [(f"q{i}", f"d{j}#0", float(-j), r + 1) for i in range(n) for r, j in enumerate(range(n, 2 * n))],
-        columns=["query_id", "passage_id", "score", "rank"],
-    )
-    write_table(passages, tmp_path / "passages.parquet", "passages")
-    write_table(queries, tmp_path / "queries.parquet", "queries")
-    write_table(qrels, tmp_path / "qrels.parquet", "qrels")
-    write_table(negatives, tmp_path / "negatives.parquet", "negatives")
-    return tmp_path
 
 
 def command(data: Path, init: Path, out: str, precision: str) -> list[str]:
