@@ -292,6 +292,27 @@ def test_reranker_head_is_seeded_so_two_runs_give_the_same_weights(train_data, t
     assert not torch.equal(a["classifier.weight"], c["classifier.weight"])
 
 
+def test_a_query_longer_than_the_reranker_budget_is_cut_not_an_error(train_data, tiny_init):
+    """CISI has queries of over 200 tokens: cutting only the passage cannot fit such a pair in
+    max_length ("Sequence to truncate too short"), so the longer side loses tokens first, as in
+    sentence-transformers' CrossEncoder; a short query stays whole."""
+    from dprflow.finetuning.biencoder import load_tokenizer
+    from dprflow.finetuning.reranking import tokenize_pairs
+    from dprflow.stages import train_reranker
+
+    tok = load_tokenizer(str(tiny_init))
+    long_query, passage = " ".join(["topic"] * 300), " ".join(["passage"] * 300)
+    batch = tokenize_pairs(tok, [long_query, "topic 3"], [passage, passage], 32)
+    assert batch["input_ids"].shape == (2, 32)
+    ids = batch["input_ids"][1].tolist()
+    assert ids[: len(tok("topic 3")["input_ids"])] == tok("topic 3")["input_ids"]  # kept whole
+    assert (batch["token_type_ids"][0] == 1).sum() > 8  # the long pair keeps some passage
+    queries = pd.read_parquet(train_data / "queries.parquet")
+    queries.loc[0, "text"] = long_query
+    write_table(queries, train_data / "queries.parquet", "queries")
+    assert train_reranker.main(argv(train_data, tiny_init, "long", max_steps=2, max_length=32)) == 0
+
+
 def test_dataloader_workers_give_the_same_weights(train_data, tiny_init):
     """Batches are a function of (seed, step): built by 2 DataLoader worker processes, they train
     the same weights as when the training process builds them (dropout on: same masks too)."""

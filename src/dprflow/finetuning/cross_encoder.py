@@ -14,7 +14,7 @@ soft labels of the retriever (:func:`dprflow.finetuning.losses.distill_kl`).
 
 Inputs are (query, passage) pairs tokenized jointly::
 
-    pairs = tok(queries, passages, truncation="only_second", padding=True, return_tensors="pt")
+    pairs = tok(queries, passages, truncation="longest_first", padding=True, return_tensors="pt")
     scores = reranker(**pairs)   # [N]
 
 A saved reranker is an ``AutoModelForSequenceClassification`` folder (``num_labels=1``) with its
@@ -150,7 +150,8 @@ class CrossEncoder(nn.Module):
         lines = [
             "## How to load it",
             "",
-            'It scores a (query, passage) pair tokenized jointly (`tok(query, passage, truncation="only_second")`); '
+            'It scores a (query, passage) pair tokenized jointly (`tok(query, passage, truncation="longest_first")`, '
+            "as sentence-transformers' CrossEncoder does); "
             "higher is more relevant. The scores are raw logits.",
             "",
             "```python",

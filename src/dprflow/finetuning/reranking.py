@@ -15,6 +15,25 @@ from dprflow.progress import Progress
 log = logging.getLogger(__name__)
 
 
+# A (query, passage) pair is cut to max_length tokens by taking tokens off the longer side first
+# ("longest_first", the truncation of sentence-transformers' CrossEncoder): a query shorter than
+# the cut passage, the usual case, stays whole, and a query longer than the whole budget (CISI has
+# queries of over 200 tokens) is cut as well, where cutting only the passage cannot fit the pair.
+PAIR_TRUNCATION = "longest_first"
+
+
+def tokenize_pairs(tokenizer, queries: Sequence[str], passages: Sequence[str], max_length: int):
+    """The padded batch of (query, passage) pairs a cross-encoder reads (PyTorch tensors)."""
+    return tokenizer(
+        list(queries),
+        list(passages),
+        max_length=max_length,
+        truncation=PAIR_TRUNCATION,
+        padding=True,
+        return_tensors="pt",
+    )
+
+
 def score_pairs(
     model,
     tokenizer,
@@ -36,13 +55,8 @@ def score_pairs(
     with torch.inference_mode(), autocast(precision, device):
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            enc = tokenizer(
-                [queries[i] for i in idx],
-                [passages[i] for i in idx],
-                max_length=max_length,
-                truncation="only_second",
-                padding=True,
-                return_tensors="pt",
+            enc = tokenize_pairs(
+                tokenizer, [queries[i] for i in idx], [passages[i] for i in idx], max_length
             ).to(device)
             out[idx] = model(**enc).float().cpu().numpy()
             progress.update(len(idx))

@@ -15,6 +15,7 @@ from dprflow.finetuning.biencoder import load_tokenizer
 from dprflow.finetuning.cross_encoder import CrossEncoder
 from dprflow.finetuning.examples import GroupTrainingArgs, read_training_examples, sample_group
 from dprflow.finetuning.losses import listwise_ce
+from dprflow.finetuning.reranking import tokenize_pairs
 from dprflow.training.memory import check_training_memory
 from dprflow.training.trainer import set_seed, train_and_save
 
@@ -57,13 +58,11 @@ def train(args: Args) -> None:
 
     def make_batch(rng, batch_items):
         groups = [sample_group(rng, it, G) for it in batch_items]
-        return tokenizer(
+        return tokenize_pairs(
+            tokenizer,
             [it.text for it, g in zip(batch_items, groups, strict=True) for _ in g],
             [texts[pid] for g in groups for pid in g],
-            max_length=args.max_length,
-            truncation="only_second",
-            padding=True,
-            return_tensors="pt",
+            args.max_length,
         )
 
     def step(m, batch):
