@@ -263,29 +263,10 @@ finetune:
 
 def dry_run_commands(tmp_path) -> dict[str, list[str]]:
     """Each rule's shell commands in a dry run of every method (all-methods.yaml) with ``OVERRIDES`` on top."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    (tmp_path / "over.yaml").write_text(OVERRIDES)
-    snakemake = str(Path(sys.executable).with_name("snakemake"))
-    result = subprocess.run(
-        [snakemake, "-n", "-p", "-s", str(root / "Snakefile"), "--directory", str(tmp_path)]
-        + [
-            "--configfile",
-            str(root / "config" / "examples" / "all-methods.yaml"),
-            str(tmp_path / "over.yaml"),
-        ],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    output = dry_run(tmp_path, OVERRIDES)
     commands: dict[str, list[str]] = {}
     rule = None
-    for line in result.stdout.splitlines():
+    for line in output.splitlines():
         if line.startswith(("rule ", "localrule ")):
             rule = line.split()[1].rstrip(":")
         elif line.startswith("Shell command: ") and rule:

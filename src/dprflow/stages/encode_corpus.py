@@ -87,9 +87,11 @@ def encode(args: Args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     passages = read_table(args.passages, "passages")
-    passages = passages.iloc[global_order(passages["n_tokens"].to_numpy())]
+    # Only this shard's batches are taken out of the table, not the whole table reordered.
+    order = global_order(passages["n_tokens"].to_numpy())
     rows = shard_rows(len(passages), args.shard, args.num_shards)
-    part = passages.iloc[rows]
+    aligned = batch_aligned(rows, args.batch_size, len(passages))
+    part = passages.iloc[order[rows]]
     if part.empty:
         raise StageError(
             f"{args.passages}: shard {args.shard} of {args.num_shards} is empty ({len(passages)} passages)"
@@ -104,8 +106,7 @@ def encode(args: Args) -> None:
     )
     # The whole global batches around this shard's rows, encoded in order: each passage sits in
     # the same batch (same neighbours, same padding) as with any other shard count.
-    aligned = batch_aligned(rows, args.batch_size, len(passages))
-    batches = passages.iloc[aligned]
+    batches = passages.iloc[order[aligned]]
     texts = passage_texts(batches, tokenizer.sep_token or "|")
     emb = encode_texts(
         [texts[p] for p in batches["passage_id"]],
