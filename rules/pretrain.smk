@@ -1,6 +1,110 @@
 # Pre-training: Condenser on the generic corpus (stage one, shared by every collection) and
 # coCondenser on each collection's own documents (stage two); Contriever on each collection's
-# documents; the masked auto-encoders (below).
+# documents; the masked auto-encoders (below). Every method reads its corpus from a token store
+# (rule tokenize): the corpus tokenized once per tokenizer and view, memory-mapped.
+
+TOKEN_VIEWS = ["documents", "passages", "document-sentences", "texts", "text-sentences"]
+
+
+wildcard_constraints:
+    view="|".join(TOKEN_VIEWS),
+    tokenizer="[A-Za-z0-9._-]+",
+
+
+def tokenizer_key(name):
+    """The folder name of a tokenizer's stores: its model name or path, other characters as _."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "tokenizer"
+
+
+# The tokenizers stores are written with: model.init's, and the MAE corpus stage's start.
+TOKENIZERS = {
+    tokenizer_key(name): name
+    for name in [config["model"]["init"], PT["mae"]["corpus_init"]]
+    if name
+}
+
+
+def tokens_path(corpus, view, tokenizer=None):
+    """A token store: ``corpus`` is a collection, a pretrain.corpora name or ``pretrain`` (the
+    generic corpus); ``tokenizer`` defaults to model.init."""
+    key = tokenizer_key(tokenizer or config["model"]["init"])
+    return f"{RESULTS}/{corpus}/tokens/{key}/{view}"
+
+
+def tokenize_corpus_input(wildcards):
+    if wildcards.corpus == "pretrain":
+        return generic_corpus_input(wildcards)
+    return [f"{RESULTS}/{wildcards.corpus}/passages.parquet"]
+
+
+def tokenize_flags(wildcards):
+    if wildcards.tokenizer not in TOKENIZERS:
+        raise ValueError(
+            f"token store {wildcards.tokenizer!r}: not the key of a configured tokenizer "
+            f"({sorted(TOKENIZERS)})"
+        )
+    generic = wildcards.corpus == "pretrain"
+    if generic != wildcards.view.startswith("text"):
+        raise ValueError(
+            f"token store view {wildcards.view!r} does not apply to corpus {wildcards.corpus!r} "
+            "(texts and text-sentences: the generic corpus 'pretrain'; the others: passages)"
+        )
+    flags = f"--tokenizer {shlex.quote(TOKENIZERS[wildcards.tokenizer])}"
+    if generic:
+        flags += f" --corpus {PT['generic_corpus']['source']}"
+    for path in tokenize_corpus_input(wildcards):
+        flags += f" --corpus-path {shlex.quote(path)}"
+    return flags
+
+
+def cocondenser_tokens(wildcards):
+    """coCondenser's documents, or a query-as-context method's passages, as a token store."""
+    corpus = Path(cocondenser_corpus(wildcards)).parent.name
+    view = "passages" if wildcards.cocondenser in QAC_METHODS else "documents"
+    return tokens_path(corpus, view)
+
+
+def contriever_tokens(wildcards):
+    return tokens_path(wildcards.collection, "documents")
+
+
+def condenser_tokens(wildcards):
+    return tokens_path("pretrain", "texts")
+
+
+def mae_generic_tokens(wildcards):
+    """BMAE/CoT-MAE generic corpus store; none for CDMAE (its store holds the importance from
+    the n-gram counts: the stage writes its own)."""
+    variant = mae_variant(wildcards)
+    # A generic corpus of passages is read as a collection's (documents for CoT-MAE): the stage
+    # tokenizes it itself.
+    if variant == "cdmae" or PT["generic_corpus"]["source"] == "passages":
+        return []
+    return [tokens_path("pretrain", "text-sentences" if variant == "cotmae" else "texts")]
+
+
+def mae_corpus_tokens(wildcards):
+    variant = mae_variant(wildcards)
+    if variant == "cdmae":
+        return []
+    if wildcards.mae_method in QAC_METHODS:
+        view = "passages"
+    else:
+        view = "document-sentences" if variant == "cotmae" else "passages"
+    tokenizer = PT["mae"]["corpus_init"] or config["model"]["init"]
+    return [tokens_path(wildcards.collection, view, tokenizer)]
+
+
+def tokens_flag(paths):
+    return "".join(f" --tokens {shlex.quote(p)}" for p in paths)
+
+
+def mae_generic_tokens_flag(wildcards):
+    return tokens_flag(mae_generic_tokens(wildcards))
+
+
+def mae_corpus_tokens_flag(wildcards):
+    return tokens_flag(mae_corpus_tokens(wildcards))
 
 
 def generic_corpus_input(wildcards):
@@ -224,11 +328,36 @@ def pretrain_contriever_flags(wildcards):
     )
 
 
+rule tokenize:
+    input:
+        code=stage_code("pretrain_tokenize"),
+        init=model_init_input,
+        corpus=tokenize_corpus_input,
+    output:
+        tokens=directory(f"{RESULTS}/{{corpus}}/tokens/{{tokenizer}}/{{view}}"),
+    log:
+        f"{LOGS}/{{corpus}}/tokenize_{{tokenizer}}_{{view}}.log",
+    benchmark:
+        f"{BENCHMARKS}/{{corpus}}/tokenize_{{tokenizer}}_{{view}}.tsv"
+    conda:
+        "../envs/training.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=240,
+    params:
+        flags=tokenize_flags,
+    shell:
+        "python -m dprflow.stages.pretrain_tokenize {params.flags} --view {wildcards.view:q}"
+        " --out {output.tokens:q} > {log:q} 2>&1"
+
+
 rule pretrain_generic:
     input:
         code=stage_code("pretrain_generic"),
         init=model_init_input,
         corpus=generic_corpus_input,
+        tokens=condenser_tokens,
     output:
         model=directory(f"{RESULTS}/pretrain/condenser/generic/model"),
     log:
@@ -251,7 +380,7 @@ rule pretrain_generic:
         checkpoints=f"{RESULTS}/pretrain/condenser/generic/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.pretrain_generic --init {params.init} --out {output.model}"
-        " --checkpoint-dir {params.checkpoints} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
+        " --tokens {input.tokens:q} --checkpoint-dir {params.checkpoints} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
 
 
 rule pretrain_corpus:
@@ -259,6 +388,7 @@ rule pretrain_corpus:
         code=stage_code("pretrain_corpus"),
         init=rules.pretrain_generic.output.model,
         passages=cocondenser_corpus,
+        tokens=cocondenser_tokens,
         queries=qac_queries_input,
     output:
         model=directory(f"{RESULTS}/{{collection}}/{{cocondenser}}/pretrain/model"),
@@ -281,7 +411,7 @@ rule pretrain_corpus:
         checkpoints=f"{RESULTS}/{{collection}}/{{cocondenser}}/pretrain/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.pretrain_corpus --init {input.init} --passages {input.passages}"
-        " --out {output.model} --checkpoint-dir {params.checkpoints} {params.flags}"
+        " --tokens {input.tokens:q} --out {output.model} --checkpoint-dir {params.checkpoints} {params.flags}"
         " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
 
 
@@ -290,6 +420,7 @@ rule pretrain_contriever:
         code=stage_code("pretrain_contriever"),
         init=model_init_input,
         passages=rules.split_passages.output.passages,
+        tokens=contriever_tokens,
     output:
         model=directory(f"{RESULTS}/{{collection}}/contriever/pretrain/model"),
     log:
@@ -312,7 +443,7 @@ rule pretrain_contriever:
         checkpoints=f"{RESULTS}/{{collection}}/contriever/pretrain/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.pretrain_contriever --init {params.init}"
-        " --passages {input.passages} --out {output.model} --checkpoint-dir {params.checkpoints}"
+        " --passages {input.passages} --tokens {input.tokens:q} --out {output.model} --checkpoint-dir {params.checkpoints}"
         " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
 
 
@@ -373,6 +504,7 @@ rule pretrain_mae_generic:
         init=model_init_input,
         corpus=generic_corpus_input,
         pmi=mae_generic_pmi,
+        tokens=mae_generic_tokens,
     output:
         model=directory(f"{RESULTS}/pretrain/{{mae}}/generic/model"),
     log:
@@ -392,10 +524,11 @@ rule pretrain_mae_generic:
         launch=training_launcher,
         init=config["model"]["init"],
         flags=mae_generic_flags,
+        tokens=mae_generic_tokens_flag,
         checkpoints=f"{RESULTS}/pretrain/{{mae}}/generic/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.pretrain_mae --variant {wildcards.mae} --init {params.init}"
-        " --out {output.model} --checkpoint-dir {params.checkpoints} {params.flags}"
+        " --out {output.model} --checkpoint-dir {params.checkpoints} {params.flags}{params.tokens}"
         " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
 
 
@@ -405,6 +538,7 @@ rule pretrain_mae_corpus:
         init=mae_generic_model,
         passages=rules.split_passages.output.passages,
         pmi=mae_corpus_pmi,
+        tokens=mae_corpus_tokens,
         queries=qac_queries_input,
     output:
         model=directory(f"{RESULTS}/{{collection}}/{{mae_method}}/pretrain/model"),
@@ -426,8 +560,9 @@ rule pretrain_mae_corpus:
         variant=mae_variant,
         init=mae_corpus_init,
         flags=mae_corpus_flags,
+        tokens=mae_corpus_tokens_flag,
         checkpoints=f"{RESULTS}/{{collection}}/{{mae_method}}/pretrain/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.pretrain_mae --variant {params.variant} --init {params.init}"
         " --corpus passages --corpus-path {input.passages} --out {output.model}"
-        " --checkpoint-dir {params.checkpoints} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
+        " --checkpoint-dir {params.checkpoints} {params.flags}{params.tokens} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"

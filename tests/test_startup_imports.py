@@ -39,6 +39,7 @@ LIGHT: dict[str, set[str]] = {
         "nb_recall",
         "pmi",
         "pmi_count",
+        "pretrain_tokenize",  # torch only for a sentence view (CoT-MAE's sentence tokenizer)
         "report_results",  # matplotlib only when a figure is drawn
         "split_passages",  # transformers only when the tokenizer loads (and then no torch)
     )

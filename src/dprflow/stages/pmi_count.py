@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from dprflow.cli import run_stage
 from dprflow.data.schemas import write_table
-from dprflow.pretraining.corpus import GENERIC_SOURCES, generic_texts
+from dprflow.pretraining.corpus import GENERIC_SOURCES, count_generic_texts, iter_generic_texts
 from dprflow.pretraining.mae import pmi
 
 log = logging.getLogger("dprflow.pmi_count")
@@ -48,18 +48,19 @@ def shard_range(n_texts: int, shard: int, shards: int) -> tuple[int, int]:
 
 
 def count(args: Args) -> None:
-    texts = generic_texts(args.corpus, args.corpus_path)
-    start, stop = shard_range(len(texts), args.shard, args.shards)
-    counts = pmi.count_shard(
-        texts[start:stop], args.max_n, max_distinct=args.max_distinct, spill_dir=args.spill_dir
-    )
+    # The shard's texts are streamed (a Parquet corpus: from the row group holding its first row),
+    # never the whole corpus in memory: counting holds the n-gram runs only.
+    n_texts = count_generic_texts(args.corpus, args.corpus_path)
+    start, stop = shard_range(n_texts, args.shard, args.shards)
+    texts = iter_generic_texts(args.corpus, args.corpus_path, start, stop)
+    counts = pmi.count_shard(texts, args.max_n, max_distinct=args.max_distinct, spill_dir=args.spill_dir)
     log.info(
         "shard %d/%d: texts %d..%d of %d; n-gram occurrences per order %s; distinct %s",
         args.shard,
         args.shards,
         start,
         stop,
-        len(texts),
+        n_texts,
         counts.totals[1:].tolist(),
         counts.distinct()[1:].tolist(),
     )

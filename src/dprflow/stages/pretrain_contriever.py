@@ -25,13 +25,15 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from dprflow.cli import StageError, run_stage
+from dprflow.data.token_store import Ranges, document_ranges, window_ranges
 from dprflow.model_init import load_tokenizer
-from dprflow.pretraining.contriever.data import PAIR_MODES, PairMaker, first_tokens, stream_documents
+from dprflow.pretraining.contriever.data import PAIR_MODES, PairMaker
 from dprflow.pretraining.contriever.model import NEGATIVE_MODES, Contriever, ContrieverConfig
-from dprflow.pretraining.corpus import read_passages_documents
+from dprflow.pretraining.corpus import open_or_tokenize, scratch_dir, store_documents
 from dprflow.training import distributed
 from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
 
@@ -47,6 +49,12 @@ class Args(OptimArgs):
     init: str = field(metadata={"help": "encoder to start from: folder, packaged name or hub id"})
     passages: str = field(
         metadata={"help": "passages.parquet of the collection (documents: grouped by doc_id)"}
+    )
+    tokens: str | None = field(
+        default=None,
+        metadata={
+            "help": "token store of the passages, view documents (stage tokenize); default: tokenize now"
+        },
     )
     out: str = field(metadata={"help": "model folder to write"})
     checkpoint_dir: str = field(metadata={"help": "resumable checkpoints"})
@@ -109,20 +117,37 @@ class Args(OptimArgs):
             raise ValueError("--queue-size must be >= 1")
 
 
+def training_documents(args: Args, tokenizer, scratch: str) -> tuple[Ranges, dict[str, int]]:
+    """Contriever's "documents", cut from the token store per batch: windows of the token stream
+    (the ranges of :func:`~dprflow.pretraining.contriever.data.stream_documents`) or each
+    document's first tokens (:func:`~dprflow.pretraining.contriever.data.first_tokens`)."""
+    store = open_or_tokenize(args.tokens, "documents", tokenizer, scratch, args.passages)
+    docs, counts = store_documents(store, 1 if args.documents == "stream" else MIN_DOC_TOKENS, args.passages)
+    if args.documents == "first":
+        starts, stops = document_ranges(store, MIN_DOC_TOKENS)
+        return Ranges(store, starts, np.minimum(stops, starts + args.max_doc_tokens)), counts
+    starts, stops, dropped = window_ranges(store.n_tokens, args.max_doc_tokens, MIN_DOC_TOKENS)
+    stream_counts = {
+        "stream_tokens": store.n_tokens,
+        "stream_documents": len(starts),
+        "short_last_window_skipped": dropped,
+    }
+    counts.update(stream_counts)
+    for key, value in stream_counts.items():
+        log.info("%s: %d", key, value)
+    return Ranges(store, starts, stops), counts
+
+
 def pretrain(args: Args) -> None:
+    with scratch_dir(args.out) as scratch:
+        _pretrain(args, scratch)
+
+
+def _pretrain(args: Args, scratch: str) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.init)
-    docs, counts = read_passages_documents(
-        args.passages, tokenizer, 1 if args.documents == "stream" else MIN_DOC_TOKENS
-    )
-    if args.documents == "stream":
-        docs, stream_counts = stream_documents(docs, args.max_doc_tokens, MIN_DOC_TOKENS)
-        counts.update(stream_counts)
-        for key, value in stream_counts.items():
-            log.info("%s: %d", key, value)
-    else:
-        docs = first_tokens(docs, args.max_doc_tokens)
+    docs, counts = training_documents(args, tokenizer, scratch)
     if len(docs) < args.batch_size and args.documents == "stream":
         raise StageError(
             f"{args.passages}: its {counts['stream_tokens']} tokens make {len(docs)} documents of "

@@ -24,7 +24,7 @@ from dprflow.cli import run_stage
 from dprflow.model_init import load_tokenizer
 from dprflow.pretraining.condenser.data import mlm_batch, pair_batch
 from dprflow.pretraining.condenser.model import Condenser, CondenserConfig
-from dprflow.pretraining.corpus import read_passages_documents
+from dprflow.pretraining.corpus import open_or_tokenize, scratch_dir, store_documents
 from dprflow.pretraining.query_as_context import pairs as query_context
 from dprflow.training.steps import cocondenser_step
 from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
@@ -38,6 +38,13 @@ class Args(OptimArgs):
 
     init: str = field(metadata={"help": "the stage-one Condenser folder (head included)"})
     passages: str = field(metadata={"help": "passages.parquet of the target collection"})
+    tokens: str | None = field(
+        default=None,
+        metadata={
+            "help": "token store of the passages (stage tokenize; view documents, or passages with "
+            "--queries); default: tokenize now"
+        },
+    )
     out: str = field(metadata={"help": "model folder to write"})
     checkpoint_dir: str = field(metadata={"help": "resumable checkpoints"})
     span_min: int = field(default=16, metadata={"help": "shortest span in tokens"})
@@ -67,22 +74,30 @@ class Args(OptimArgs):
             raise ValueError("need 1 <= --span-min <= --span-max")
 
 
-def training_items(args: Args, tokenizer) -> tuple[list, dict[str, int]]:
-    """The documents (token ids) coCondenser samples span pairs from, or with ``--queries`` the
-    query-as-context items: passages of at most ``max_passage_tokens`` (query-as-context 4.1-4.2:
-    "no more than 144 consecutive tokens") with their generated queries."""
+def training_items(args: Args, tokenizer, scratch: str) -> tuple[list, dict[str, int]]:
+    """The documents (token ids, read per batch from the token store) coCondenser samples span
+    pairs from, or with ``--queries`` the query-as-context items: passages of at most
+    ``max_passage_tokens`` (query-as-context 4.1-4.2: "no more than 144 consecutive tokens")
+    with their generated queries."""
     if args.queries:
+        store = open_or_tokenize(args.tokens, "passages", tokenizer, scratch, args.passages)
         return query_context.read_items(
-            args.passages, args.queries, tokenizer, args.max_passage_tokens, args.max_query_tokens
+            args.passages, args.queries, tokenizer, args.max_passage_tokens, args.max_query_tokens, store
         )
-    return read_passages_documents(args.passages, tokenizer, args.span_min)
+    store = open_or_tokenize(args.tokens, "documents", tokenizer, scratch, args.passages)
+    return store_documents(store, args.span_min, args.passages)
 
 
 def pretrain(args: Args) -> None:
+    with scratch_dir(args.out) as scratch:
+        _pretrain(args, scratch)
+
+
+def _pretrain(args: Args, scratch: str) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.init)
-    docs, counts = training_items(args, tokenizer)
+    docs, counts = training_items(args, tokenizer, scratch)
     set_seed(args.seed)
     weight = 0.0 if args.contrastive_only else 1.0
     config = CondenserConfig(head_weight=weight, backbone_weight=weight, temperature=args.temperature)

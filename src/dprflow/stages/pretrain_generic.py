@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 import torch
 
 from dprflow.cli import StageError, run_stage
+from dprflow.data.token_store import Ranges, chunk_ranges
 from dprflow.model_init import load_tokenizer
 from dprflow.pretraining.condenser.data import mlm_batch
 from dprflow.pretraining.condenser.model import Condenser, CondenserConfig
-from dprflow.pretraining.corpus import GENERIC_SOURCES, chunk_tokens, generic_texts, tokenize_documents
+from dprflow.pretraining.corpus import GENERIC_SOURCES, open_or_tokenize, scratch_dir
 from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
 
 log = logging.getLogger("dprflow.pretrain_generic")
@@ -35,6 +36,10 @@ class Args(OptimArgs):
         default="pydoc", metadata={"help": "generic corpus source", "choices": list(GENERIC_SOURCES)}
     )
     corpus_path: str | None = field(default=None, metadata={"help": "file of the jsonl/passages corpus"})
+    tokens: str | None = field(
+        default=None,
+        metadata={"help": "token store of the corpus, view texts (stage tokenize); default: tokenize now"},
+    )
     max_length: int = field(default=128, metadata={"help": "tokens per sequence, [CLS] and [SEP] included"})
     mlm_probability: float = field(default=0.15, metadata={"help": "masked share (BERT: 0.15)"})
     whole_word: bool = field(default=False, metadata={"help": "mask whole words"})
@@ -53,12 +58,18 @@ class Args(OptimArgs):
 
 
 def pretrain(args: Args) -> None:
+    with scratch_dir(args.out) as scratch:
+        _pretrain(args, scratch)
+
+
+def _pretrain(args: Args, scratch: str) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.init)
-    chunks = chunk_tokens(
-        tokenize_documents(generic_texts(args.corpus, args.corpus_path), tokenizer), args.max_length - 2
-    )
+    store = open_or_tokenize(args.tokens, "texts", tokenizer, scratch, args.corpus_path, args.corpus)
+    # MLM chunks of max_length - 2 tokens, cut from the store per batch (corpus.chunk_tokens' ranges)
+    starts, stops, _ = chunk_ranges(store, args.max_length - 2, min_length=8)
+    chunks = Ranges(store, starts, stops)
     if len(chunks) < args.batch_size:
         raise StageError(f"the {args.corpus} corpus gives {len(chunks)} sequences, fewer than one batch")
     log.info(

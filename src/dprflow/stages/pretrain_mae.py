@@ -33,16 +33,15 @@ import torch
 from dprflow.cli import StageError, run_stage
 from dprflow.data.schemas import read_table
 from dprflow.model_init import load_tokenizer
-from dprflow.pretraining.corpus import GENERIC_SOURCES, generic_texts
+from dprflow.pretraining.corpus import GENERIC_SOURCES, open_or_tokenize, scratch_dir
 from dprflow.pretraining.mae.data import (
     CONTEXTS,
     DIRECTIONS,
     VARIANTS,
-    chunk_texts,
-    cotmae_documents,
     mae_batch,
     pair_mae_batch,
-    tokenize_with_importance,
+    store_chunks,
+    store_cotmae_documents,
 )
 from dprflow.pretraining.mae.model import BottleneckedMAE, MAEConfig
 from dprflow.pretraining.mae.pmi import NgramCounts
@@ -63,6 +62,13 @@ class Args(OptimArgs):
     checkpoint_dir: str = field(metadata={"help": "resumable checkpoints"})
     corpus_path: str | None = field(default=None, metadata={"help": "jsonl file or passages.parquet"})
     pmi: str | None = field(default=None, metadata={"help": "n-gram statistics (stage pmi); cdmae only"})
+    tokens: str | None = field(
+        default=None,
+        metadata={
+            "help": "token store of the corpus (stage tokenize; view texts/passages, cotmae "
+            "text-sentences/document-sentences); default, and always for cdmae: tokenize now"
+        },
+    )
     p_enc: float = field(default=0.3, metadata={"help": "encoder mask ratio (CDMAE §4.1: 0.3)"})
     p_dec: float = field(default=0.5, metadata={"help": "decoder mask ratio (CDMAE 0.5, CoT-MAE 0.45)"})
     sigma: float = field(default=1.0, metadata={"help": "importance noise std (CDMAE footnote 3: 1)"})
@@ -120,37 +126,41 @@ class Args(OptimArgs):
             raise ValueError("--queries (query-as-context) needs --variant cotmae and --corpus passages")
 
 
-def corpus_texts(args: Args) -> list[str]:
-    """The texts pre-trained on: passages, or (cotmae on passages) whole documents, their passages
-    joined in order, so that anchor and context come from the same document."""
-    if args.corpus == "passages" and args.variant == "cotmae":
-        if not args.corpus_path:
-            raise StageError("corpus 'passages' needs --corpus-path")
-        table = read_table(args.corpus_path, "passages").sort_values(["doc_id", "position"], kind="stable")
-        joined = table["title"].str.cat(table["text"], sep=" ").str.strip()
-        return joined.groupby(table["doc_id"], sort=True).agg(" ".join).tolist()
-    return generic_texts(args.corpus, args.corpus_path)
-
-
-def training_items(args: Args, tokenizer) -> tuple[list, dict[str, int]]:
+def corpus_view(args: Args) -> str:
+    """The token store view the variant reads: passages or (cotmae on passages) whole documents,
+    their passages joined in order, so that anchor and context come from the same document;
+    a generic corpus's texts; cotmae's cut in sentences."""
+    if args.corpus == "passages" and not args.corpus_path:
+        raise StageError("corpus 'passages' needs --corpus-path")
+    sentences = args.variant == "cotmae" and not args.queries
     if args.queries:
+        return "passages"
+    if args.corpus == "passages":
+        return "document-sentences" if sentences else "passages"
+    return "text-sentences" if sentences else "texts"
+
+
+def training_items(args: Args, tokenizer, scratch: str) -> tuple[list, dict[str, int]]:
+    view = corpus_view(args)
+    if args.queries:
+        store = open_or_tokenize(args.tokens, view, tokenizer, scratch, args.corpus_path)
         items, counts = query_context.read_items(
-            args.corpus_path, args.queries, tokenizer, args.max_length - 2, args.max_query_tokens
+            args.corpus_path, args.queries, tokenizer, args.max_length - 2, args.max_query_tokens, store
         )
         if len(items) < args.batch_size:
             raise StageError(f"{args.queries}: {len(items)} passages with queries, fewer than one batch")
         return items, counts
+    stats = None
+    if args.variant == "cdmae":
+        stats = NgramCounts.from_frame(read_table(args.pmi, "ngram_counts"), where=args.pmi)
+    store = open_or_tokenize(args.tokens, view, tokenizer, scratch, args.corpus_path, args.corpus, stats)
     if args.variant == "cotmae":
         # Cut once with the stage's seed, as CoT-MAE cuts its corpus once before training.
         rng = np.random.default_rng([args.seed, 2208_07670])
-        items, counts = cotmae_documents(corpus_texts(args), tokenizer, rng, args.span_min, args.span_max)
+        items, counts = store_cotmae_documents(store, rng, args.span_min, args.span_max)
     else:
-        stats = None
-        if args.variant == "cdmae":
-            stats = NgramCounts.from_frame(read_table(args.pmi, "ngram_counts"), where=args.pmi)
-        texts = tokenize_with_importance(corpus_texts(args), tokenizer, stats)
-        counts = {"texts": len(texts)}
-        items, dropped = chunk_texts(texts, args.max_length - 2)
+        counts = {"texts": len(store)}
+        items, dropped = store_chunks(store, args.max_length - 2)
         counts["short_trailing_chunks_skipped"] = dropped
     counts["training_items"] = len(items)
     for key, value in counts.items():
@@ -161,10 +171,15 @@ def training_items(args: Args, tokenizer) -> tuple[list, dict[str, int]]:
 
 
 def pretrain(args: Args) -> None:
+    with scratch_dir(args.out) as scratch:
+        _pretrain(args, scratch)
+
+
+def _pretrain(args: Args, scratch: str) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.init)
-    items, counts = training_items(args, tokenizer)
+    items, counts = training_items(args, tokenizer, scratch)
     set_seed(args.seed)  # the decoder's and projection's random initialisation
     config = MAEConfig(
         n_decoder_layers=args.n_decoder_layers,

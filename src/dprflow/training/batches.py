@@ -50,7 +50,8 @@ class StepBatches(torch.utils.data.Dataset):
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
-        self.items = list(items)
+        # A Sequence (e.g. a token store's lazy ranges) is kept as it is: never copied to a list.
+        self.items = items if isinstance(items, Sequence) else list(items)
         self.make_batch = make_batch
         self.takes_epoch = len(inspect.signature(make_batch).parameters) >= 3
         self.seed = seed

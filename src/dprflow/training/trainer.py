@@ -232,7 +232,8 @@ class Trainer:
         self.dist = distributed.init_from_env()
         self.manual_backward = manual_backward
         self.args = args
-        self.items = list(items)
+        # A Sequence (e.g. a token store's lazy ranges) is kept as it is: never copied to a list.
+        self.items = items if isinstance(items, Sequence) else list(items)
         self.make_batch = make_batch
         self.step_fn = step_fn
         self.save_fn = save_fn

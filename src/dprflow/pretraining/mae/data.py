@@ -27,6 +27,10 @@ pieces inheriting their word's value) when n-gram statistics are given.
   ``span_max`` tokens are cropped once at a random offset (the reference crops the mask and the
   ids separately, a bug not copied). Encoder ratio ``p_enc`` 0.3, decoder ``p_dec`` 0.45.
 
+From a token store (:mod:`dprflow.data.token_store`, stage ``tokenize``) the same items are read
+lazily: :func:`store_chunks` (the chunks of :func:`chunk_texts`) and :func:`store_cotmae_documents`
+(the documents of :func:`cotmae_documents`, cut with the same generator draws).
+
 Both masks select exactly ``floor(n * p)`` of the ``n`` non-special tokens of a row, then apply
 BERT's 80/10/10 replacement. Every draw comes from the batch's own generator (resume-safe).
 """
@@ -172,6 +176,70 @@ def cotmae_documents(
     counts = {"documents": len(texts), "documents_with_fewer_than_two_spans_skipped": skipped}
     counts["training_documents"] = len(docs)
     return docs, counts
+
+
+def token_text(store, start: int, stop: int) -> TokenText:
+    """The chunk ``[start, stop)`` of a token store, with its importance when the store has it."""
+    ids = np.asarray(store.tokens[start:stop], dtype=np.int64)
+    return TokenText(ids, None if store.importance is None else np.asarray(store.importance[start:stop]))
+
+
+def store_chunks(store, length: int, min_length: int = 8):
+    """:func:`chunk_texts` of a token store, read per batch: ``(chunks, dropped)``."""
+    from dprflow.data.token_store import Ranges, chunk_ranges
+
+    starts, stops, dropped = chunk_ranges(store, length, min_length)
+    return Ranges(store, starts, stops, token_text), dropped
+
+
+class CotDocuments(Sequence):
+    """CoT-MAE documents of a token store with sentence cuts (:func:`store_cotmae_documents`):
+    item ``i`` is the :class:`CotDocument` of store document ``docs[i]``, its spans
+    ``spans[span_offsets[i]:span_offsets[i + 1]]``."""
+
+    def __init__(self, store, docs: np.ndarray, spans: np.ndarray, span_offsets: np.ndarray) -> None:
+        self.store, self.docs, self.spans, self.span_offsets = store, docs, spans, span_offsets
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def __getitem__(self, i: int) -> CotDocument:
+        d = int(self.docs[i])
+        start, stop = int(self.store.offsets[d]), int(self.store.offsets[d + 1])
+        first, last = int(self.store.doc_sentences[d]), int(self.store.doc_sentences[d + 1])
+        sentences = np.append(np.asarray(self.store.sentences[first:last]) - start, stop - start)
+        spans = np.asarray(self.spans[self.span_offsets[i] : self.span_offsets[i + 1]])
+        return CotDocument(np.asarray(self.store.tokens[start:stop], dtype=np.int64), sentences, spans)
+
+
+def store_cotmae_documents(
+    store, rng: np.random.Generator, span_min: int, span_max: int
+) -> tuple[CotDocuments, dict[str, int]]:
+    """:func:`cotmae_documents` of a token store written with sentence cuts: the same spans (the
+    same generator draws, document by document), kept as flat arrays, never as Python lists."""
+    import array
+
+    if store.sentences is None:
+        raise ValueError(f"{store.path}: CoT-MAE needs a token store with sentence cuts (a *-sentences view)")
+    sentence_lengths = np.diff(np.asarray(store.sentences))  # the last sentence ends at the next start
+    kept, spans, span_offsets = array.array("q"), array.array("q"), array.array("q", [0])
+    for d in range(len(store)):
+        first, last = int(store.doc_sentences[d]), int(store.doc_sentences[d + 1])
+        cut = segment_spans(rng, sentence_lengths[first:last], span_min, span_max)
+        if len(cut) < 3:
+            continue
+        kept.append(d)
+        spans.extend(cut.tolist())
+        span_offsets.append(len(spans))
+    n = len(store)
+    counts = {"documents": n, "documents_with_fewer_than_two_spans_skipped": n - len(kept)}
+    counts["training_documents"] = len(kept)
+    return CotDocuments(
+        store,
+        np.frombuffer(kept, np.int64),
+        np.frombuffer(spans, np.int64),
+        np.frombuffer(span_offsets, np.int64),
+    ), counts
 
 
 def context_span(

@@ -10,12 +10,17 @@ the same on every process. A passage is only ever paired with its own queries.
 
 Passages with no generated query (doc2query was run on a subset, or every candidate was empty)
 are skipped and counted.
+
+With a token store of the passages (view ``passages``, :mod:`dprflow.data.token_store`) the items
+are :class:`QacItems`: a passage's tokens are read from the store when its batch is built, and the
+queries' tokens sit in one flat array; the same items, in the same order, as the in-memory path.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -41,10 +46,41 @@ def candidate_index(passage_id: str, epoch: int, n_candidates: int, seed: int) -
     return (offset + epoch) % n_candidates
 
 
+class QacItems(Sequence):
+    """Query-as-context items read lazily: passage ``rows[i]`` of the store, cut to ``max_tokens``,
+    with queries ``query_offsets[first[i]:first[i + 1]]`` of the flat ``query_tokens``."""
+
+    def __init__(self, store, rows, max_tokens, passage_ids, query_tokens, query_offsets, first) -> None:
+        self.store, self.rows, self.max_tokens = store, rows, max_tokens
+        self.passage_ids, self.query_tokens = passage_ids, query_tokens
+        self.query_offsets, self.first = query_offsets, first
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> QacItem:
+        ids = self.store[int(self.rows[i])][: self.max_tokens]
+        bounds = self.query_offsets[self.first[i] : self.first[i + 1] + 1]
+        queries = tuple(
+            self.query_tokens[a:b].astype(np.int64) for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        )
+        return QacItem(str(self.passage_ids[i]), ids, queries)
+
+
 def read_items(
-    passages_path: str, queries_path: str, tokenizer, max_passage_tokens: int, max_query_tokens: int
+    passages_path: str,
+    queries_path: str,
+    tokenizer,
+    max_passage_tokens: int,
+    max_query_tokens: int,
+    store=None,
 ) -> tuple[list[QacItem], dict[str, int]]:
-    """Tokenized (passage, candidate queries) items, in passage order, and the counts of what was kept."""
+    """Tokenized (passage, candidate queries) items, in passage order, and the counts of what was
+    kept; with ``store`` (the passages' token store, view ``passages``) lazy :class:`QacItems`."""
+    if store is not None:
+        return _store_items(
+            passages_path, queries_path, tokenizer, max_passage_tokens, max_query_tokens, store
+        )
     passages = read_table(passages_path, "passages")
     generated = read_table(queries_path, "generated_queries")
     unknown = sorted(set(generated["passage_id"]) - set(passages["passage_id"]))
@@ -67,16 +103,90 @@ def read_items(
         queries = tuple(np.asarray(q, dtype=np.int64) for q in q_ids["input_ids"] if q)
         if queries and ids:
             items.append(QacItem(pid, np.asarray(ids, dtype=np.int64), queries))
+    return items, _counts(
+        len(passages), len(items), sum(len(it.queries) for it in items), passages_path, queries_path
+    )
+
+
+def _counts(
+    n_passages: int, n_items: int, n_queries: int, passages_path: str, queries_path: str
+) -> dict[str, int]:
     counts = {
-        "passages": len(passages),
-        "passages_without_generated_query_skipped": len(passages) - len(items),
-        "generated_queries": int(sum(len(it.queries) for it in items)),
-        "training_passages": len(items),
+        "passages": n_passages,
+        "passages_without_generated_query_skipped": n_passages - n_items,
+        "generated_queries": int(n_queries),
+        "training_passages": n_items,
     }
     for key, value in counts.items():
         log.info("query-as-context %s: %d", key, value)
-    if not items:
+    if not n_items:
         raise StageError(f"{queries_path}: no passage of {passages_path} has a generated query")
+    return counts
+
+
+def _store_items(
+    passages_path, queries_path, tokenizer, max_passage_tokens, max_query_tokens, store, batch=4096
+):
+    """:func:`read_items` over a token store: only the passage ids and the queries are read."""
+    import pyarrow.parquet as pq
+
+    passage_ids = pq.read_table(passages_path, columns=["passage_id"])["passage_id"].to_numpy(
+        zero_copy_only=False
+    )
+    if len(passage_ids) != len(store):
+        raise StageError(
+            f"{store.path}: {len(store)} passages, {passages_path} has {len(passage_ids)}; tokenize it again"
+        )
+    generated = read_table(queries_path, "generated_queries")
+    row_of = {pid: row for row, pid in enumerate(passage_ids)}
+    unknown = sorted(set(generated["passage_id"]) - row_of.keys())
+    if unknown:
+        raise StageError(
+            f"{queries_path}: {len(unknown)} passage ids not in {passages_path}, e.g. {unknown[:3]}"
+        )
+    generated = generated[generated["text"].str.strip() != ""]
+    generated = generated.assign(row=generated["passage_id"].map(row_of)).sort_values(
+        ["row", "query_index"], kind="stable"
+    )
+    del row_of
+    texts = generated["text"].tolist()
+    tokens, lengths = [], []
+    for start in range(0, len(texts), batch):
+        for q in tokenizer(
+            texts[start : start + batch],
+            add_special_tokens=False,
+            truncation=True,
+            max_length=max_query_tokens,
+        )["input_ids"]:
+            tokens.append(np.asarray(q, dtype=np.int32))
+            lengths.append(len(q))
+    del texts
+    rows = generated["row"].to_numpy()
+    lengths = np.asarray(lengths, dtype=np.int64)
+    keep = lengths > 0  # empty tokenizations are not candidates
+    query_tokens = np.concatenate(
+        [t for t, k in zip(tokens, keep, strict=True) if k] or [np.zeros(0, np.int32)]
+    )
+    del tokens
+    rows, lengths = rows[keep], lengths[keep]
+    query_offsets = np.concatenate([[0], np.cumsum(lengths)])
+    # passages with at least one query and a non-empty text, in passage order
+    unique, first = np.unique(rows, return_index=True)
+    has_tokens = store.lengths[unique] > 0
+    ends = np.append(first[1:], len(rows))
+    unique, first, ends = unique[has_tokens], first[has_tokens], ends[has_tokens]
+    # QacItems reads queries first[i]..ends[i]-1; a flat index of query slots keeps them contiguous
+    slots = np.concatenate(
+        [np.arange(a, b) for a, b in zip(first, ends, strict=True)] or [np.zeros(0, np.int64)]
+    )
+    q_bounds = np.concatenate([[0], np.cumsum(ends - first)])
+    starts, stops = query_offsets[slots], query_offsets[slots + 1]
+    flat = np.concatenate(
+        [query_tokens[a:b] for a, b in zip(starts, stops, strict=True)] or [np.zeros(0, np.int32)]
+    )
+    offsets = np.concatenate([[0], np.cumsum(stops - starts)])
+    items = QacItems(store, unique, max_passage_tokens, passage_ids[unique], flat, offsets, q_bounds)
+    counts = _counts(len(passage_ids), len(items), int(q_bounds[-1]), passages_path, queries_path)
     return items, counts
 
 

