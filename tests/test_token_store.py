@@ -275,6 +275,8 @@ def test_generic_texts_stream_a_shard_from_its_row_group(data, tmp_path):
         assert list(corpus.iter_generic_texts("passages", str(path), start, stop)) == every[start:stop]
         jsonl = list(corpus.iter_generic_texts("jsonl", str(data / "generic.jsonl"), start, stop))
         assert jsonl == corpus.generic_texts("jsonl", str(data / "generic.jsonl"))[start:stop]
+    pydoc = corpus.generic_texts("pydoc")
+    assert len(pydoc) > 50 and list(corpus.iter_generic_texts("pydoc", None, 10, 20)) == pydoc[10:20]
 
 
 def test_tokenize_stage_writes_the_store_the_methods_read(data, tmp_path, capsys):

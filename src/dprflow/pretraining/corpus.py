@@ -61,6 +61,7 @@ def iter_generic_texts(
             f"generic corpus {source!r} needs a path"
             + (" to a passages.parquet" if source == "passages" else "")
         )
+    first = 0  # the index of the first text read
     if source == "pydoc":
         import pydoc_data.topics
 
@@ -76,7 +77,6 @@ def iter_generic_texts(
         )
     else:
         texts = _jsonl_texts(path)
-        first = 0
     for i, text in enumerate(texts, start=first):
         if stop is not None and i >= stop:
             return
