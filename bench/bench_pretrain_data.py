@@ -14,7 +14,7 @@ token store (``--src /work/main/src``) and after. The stages tokenize their corp
 (no ``--tokens``): the same work before and after.
 
 Per stage and size it prints and writes (``results/bench/pretrain_data_<label>.json``) the
-wall seconds of the run and the process's peak RSS (``ru_maxrss`` of the child). ``pmi_count``
+wall seconds of the run and the process's peak RSS (its ``VmHWM``, polled). ``pmi_count``
 (one shard) is measured the same way.
 """
 
@@ -88,21 +88,40 @@ def tiny_bert(out: Path) -> Path:
     return out
 
 
+def vm_hwm_kib(pid: int) -> int | None:
+    """The peak resident set of process ``pid`` (``VmHWM``), None once it has exited."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def run(module: str, argv: list[str], src: str) -> tuple[float, float, int]:
-    """Run ``python -m dprflow.stages.<module>``: (seconds, peak RSS in MiB, exit status)."""
+    """Run ``python -m dprflow.stages.<module>``: (seconds, peak RSS in MiB, exit status).
+
+    The peak is the child's own ``VmHWM``, polled every 50 ms (its memory map is new at exec):
+    ``ru_maxrss`` would report at least this process's resident set when it forked, which holds
+    the synthetic collection."""
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", f"dprflow.stages.{module}", *argv],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - t0
-    err = proc.stderr.read()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        print(err[-3000:], file=sys.stderr)
-    return seconds, usage.ru_maxrss / 1024, proc.returncode
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", f"dprflow.stages.{module}", *argv],
+            env=env, stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, vm_hwm_kib(proc.pid) or 0)
+            time.sleep(0.05)
+        seconds = time.perf_counter() - t0
+        if proc.returncode:
+            err.seek(0)
+            print(err.read()[-3000:], file=sys.stderr)
+    return seconds, peak / 1024, proc.returncode
 
 
 def stage_argv(stage: str, data: Path, init: Path, condenser: Path, work: Path) -> tuple[str, list[str]]:
