@@ -48,7 +48,8 @@ def candidate_index(passage_id: str, epoch: int, n_candidates: int, seed: int) -
 
 class QacItems(Sequence):
     """Query-as-context items read lazily: passage ``rows[i]`` of the store, cut to ``max_tokens``,
-    with queries ``query_offsets[first[i]:first[i + 1]]`` of the flat ``query_tokens``."""
+    its id ``passage_ids[i]`` (an Arrow string array), with queries ``first[i]..first[i + 1] - 1``
+    (their tokens ``query_tokens[query_offsets[q]:query_offsets[q + 1]]``)."""
 
     def __init__(self, store, rows, max_tokens, passage_ids, query_tokens, query_offsets, first) -> None:
         self.store, self.rows, self.max_tokens = store, rows, max_tokens
@@ -64,7 +65,7 @@ class QacItems(Sequence):
         queries = tuple(
             self.query_tokens[a:b].astype(np.int64) for a, b in zip(bounds[:-1], bounds[1:], strict=True)
         )
-        return QacItem(str(self.passage_ids[i]), ids, queries)
+        return QacItem(self.passage_ids[i].as_py(), ids, queries)
 
 
 def read_items(
@@ -127,66 +128,50 @@ def _counts(
 def _store_items(
     passages_path, queries_path, tokenizer, max_passage_tokens, max_query_tokens, store, batch=4096
 ):
-    """:func:`read_items` over a token store: only the passage ids and the queries are read."""
+    """:func:`read_items` over a token store: only the passage ids (Arrow strings) and the
+    generated queries are read; a query's passage row is found by Arrow's ``index_in``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    passage_ids = pq.read_table(passages_path, columns=["passage_id"])["passage_id"].to_numpy(
-        zero_copy_only=False
-    )
-    if len(passage_ids) != len(store):
+    pids = pq.read_table(passages_path, columns=["passage_id"])["passage_id"].combine_chunks()
+    if len(pids) != len(store):
         raise StageError(
-            f"{store.path}: {len(store)} passages, {passages_path} has {len(passage_ids)}; tokenize it again"
+            f"{store.path}: {len(store)} passages, {passages_path} has {len(pids)}; tokenize it again"
         )
     generated = read_table(queries_path, "generated_queries")
-    row_of = {pid: row for row, pid in enumerate(passage_ids)}
-    unknown = sorted(set(generated["passage_id"]) - row_of.keys())
-    if unknown:
+    rows = pc.index_in(pa.array(generated["passage_id"], pa.string()), value_set=pids)
+    if rows.null_count:
+        unknown = sorted(set(generated["passage_id"][rows.is_null().to_numpy(zero_copy_only=False)]))
         raise StageError(
             f"{queries_path}: {len(unknown)} passage ids not in {passages_path}, e.g. {unknown[:3]}"
         )
+    generated = generated.assign(row=rows.to_numpy(zero_copy_only=False))
     generated = generated[generated["text"].str.strip() != ""]
-    generated = generated.assign(row=generated["passage_id"].map(row_of)).sort_values(
-        ["row", "query_index"], kind="stable"
-    )
-    del row_of
+    generated = generated.sort_values(["row", "query_index"], kind="stable")
     texts = generated["text"].tolist()
-    tokens, lengths = [], []
+    tokens = []
     for start in range(0, len(texts), batch):
-        for q in tokenizer(
+        encoded = tokenizer(
             texts[start : start + batch],
             add_special_tokens=False,
             truncation=True,
             max_length=max_query_tokens,
-        )["input_ids"]:
-            tokens.append(np.asarray(q, dtype=np.int32))
-            lengths.append(len(q))
-    del texts
-    rows = generated["row"].to_numpy()
-    lengths = np.asarray(lengths, dtype=np.int64)
-    keep = lengths > 0  # empty tokenizations are not candidates
-    query_tokens = np.concatenate(
-        [t for t, k in zip(tokens, keep, strict=True) if k] or [np.zeros(0, np.int32)]
-    )
+        )["input_ids"]
+        tokens.extend(np.asarray(q, dtype=np.int32) for q in encoded)
+    rows = generated["row"].to_numpy(dtype=np.int64)
+    del texts, generated
+    lengths = np.asarray([len(t) for t in tokens], dtype=np.int64)
+    # a candidate is a non-empty query of a passage with a non-empty text (the in-memory rule)
+    keep = (lengths > 0) & (store.lengths[rows] > 0)
+    flat = np.concatenate([t for t, k in zip(tokens, keep, strict=True) if k] or [np.zeros(0, np.int32)])
     del tokens
-    rows, lengths = rows[keep], lengths[keep]
-    query_offsets = np.concatenate([[0], np.cumsum(lengths)])
-    # passages with at least one query and a non-empty text, in passage order
-    unique, first = np.unique(rows, return_index=True)
-    has_tokens = store.lengths[unique] > 0
-    ends = np.append(first[1:], len(rows))
-    unique, first, ends = unique[has_tokens], first[has_tokens], ends[has_tokens]
-    # QacItems reads queries first[i]..ends[i]-1; a flat index of query slots keeps them contiguous
-    slots = np.concatenate(
-        [np.arange(a, b) for a, b in zip(first, ends, strict=True)] or [np.zeros(0, np.int64)]
-    )
-    q_bounds = np.concatenate([[0], np.cumsum(ends - first)])
-    starts, stops = query_offsets[slots], query_offsets[slots + 1]
-    flat = np.concatenate(
-        [query_tokens[a:b] for a, b in zip(starts, stops, strict=True)] or [np.zeros(0, np.int32)]
-    )
-    offsets = np.concatenate([[0], np.cumsum(stops - starts)])
-    items = QacItems(store, unique, max_passage_tokens, passage_ids[unique], flat, offsets, q_bounds)
-    counts = _counts(len(passage_ids), len(items), int(q_bounds[-1]), passages_path, queries_path)
+    rows = rows[keep]
+    offsets = np.concatenate([[0], np.cumsum(lengths[keep])])
+    unique, first = np.unique(rows, return_index=True)  # passages in table order, their first query
+    bounds = np.append(first, len(rows))
+    items = QacItems(store, unique, max_passage_tokens, pids.take(unique), flat, offsets, bounds)
+    counts = _counts(len(pids), len(items), len(rows), passages_path, queries_path)
     return items, counts
 
 
