@@ -239,8 +239,9 @@ def passage_documents(path: str | Path, titled: bool) -> Iterator[tuple[str, str
 def view_texts(
     view: str, path: str | Path | None = None, source: str = "passages"
 ) -> tuple[Iterator[str], list]:
-    """The texts of a view, streamed, and a list that holds the documents' ``doc_id``s once the
-    iterator is exhausted (document views only; their store is then reordered by doc_id)."""
+    """The texts of a view, streamed, and a list that holds the documents' ``doc_id``s (Arrow
+    string arrays) once the iterator is exhausted (document views only; their store is then
+    reordered by doc_id)."""
     check_view(view)
     ids: list = []
     if view in ("texts", "text-sentences"):
@@ -249,9 +250,16 @@ def view_texts(
         return iter_generic_texts("passages", str(path)), ids
 
     def texts() -> Iterator[str]:
+        import pyarrow as pa
+
+        pending = []  # doc_ids as Arrow strings, 65,536 at a time (not a Python str each)
         for doc_id, text in passage_documents(path, titled=view == "document-sentences"):
-            ids.append(doc_id)
+            pending.append(doc_id)
+            if len(pending) == 1 << 16:
+                ids.append(pa.array(pending, pa.string()))
+                pending = []
             yield text
+        ids.append(pa.array(pending, pa.string()))
 
     return texts(), ids
 
@@ -310,7 +318,7 @@ def tokenize_view(
     if not documents:
         return store
     try:
-        keys = pa.array(doc_ids, type=pa.string())
+        keys = pa.chunked_array(doc_ids, pa.string()).combine_chunks()
         del doc_ids[:]
         order = pc.sort_indices(keys).to_numpy()
         ordered = keys.take(order)
