@@ -80,7 +80,9 @@ def mae_generic_tokens(wildcards):
     # tokenizes it itself.
     if variant == "cdmae" or PT["generic_corpus"]["source"] == "passages":
         return []
-    return [tokens_path("pretrain", "text-sentences" if variant == "cotmae" else "texts")]
+    return [
+        tokens_path("pretrain", "text-sentences" if variant == "cotmae" else "texts")
+    ]
 
 
 def mae_corpus_tokens(wildcards):
