@@ -1,7 +1,7 @@
 # Pre-training: Condenser on the generic corpus (stage one, shared by every collection) and
 # coCondenser on each collection's own documents (stage two); Contriever on each collection's
 # documents; the masked auto-encoders (below). Every method reads its corpus from a token store
-# (rule tokenize): the corpus tokenized once per tokenizer and view, memory-mapped.
+# (rule pretrain_tokenize): the corpus tokenized once per tokenizer and view, memory-mapped.
 
 TOKEN_VIEWS = ["documents", "passages", "document-sentences", "texts", "text-sentences"]
 
@@ -330,7 +330,7 @@ def pretrain_contriever_flags(wildcards):
     )
 
 
-rule tokenize:
+rule pretrain_tokenize:
     input:
         code=stage_code("pretrain_tokenize"),
         init=model_init_input,

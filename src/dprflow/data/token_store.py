@@ -65,7 +65,9 @@ class TokenStore(Sequence):
         self.path = Path(path)
         meta_path = self.path / "meta.json"
         if not meta_path.is_file():
-            raise FileNotFoundError(f"{self.path}: not a token store (no meta.json); run the tokenize rule")
+            raise FileNotFoundError(
+                f"{self.path}: not a token store (no meta.json); run stage pretrain_tokenize"
+            )
         self.meta: dict[str, Any] = json.loads(meta_path.read_text())
         if self.meta.get("format") != FORMAT_VERSION:
             raise ValueError(

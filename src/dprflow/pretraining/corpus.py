@@ -19,7 +19,7 @@ Collection documents (corpus-stage pre-training): a document is the token sequen
 passages' texts in order (:func:`read_passages_documents`). Documents shorter than the minimum a
 method needs are skipped and counted.
 
-The token store (:mod:`dprflow.data.token_store`): stage ``tokenize`` tokenizes a corpus once per
+The token store (:mod:`dprflow.data.token_store`): stage ``pretrain_tokenize`` tokenizes a corpus once per
 tokenizer and *view* (:data:`VIEWS`, what a document is) by streaming its texts
 (:func:`view_texts`) in batches into a memory-mapped store (:func:`tokenize_view`); the methods cut
 their batches from it lazily. The in-memory functions above are the reference the store path is
@@ -342,7 +342,7 @@ def open_or_tokenize(
     source: str = "passages",
     stats=None,
 ):
-    """The token store a stage reads: ``tokens`` (stage ``tokenize``'s output, checked against the
+    """The token store a stage reads: ``tokens`` (stage ``pretrain_tokenize``'s output, checked against the
     view and the tokenizer), else the view tokenized now into ``scratch`` (a stage run on its own).
     ``stats`` (CDMAE's importance) always tokenizes now: importance depends on the n-gram counts."""
     from dprflow.data.token_store import TokenStore

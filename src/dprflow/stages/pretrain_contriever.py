@@ -53,7 +53,7 @@ class Args(OptimArgs):
     tokens: str | None = field(
         default=None,
         metadata={
-            "help": "token store of the passages, view documents (stage tokenize); default: tokenize now"
+            "help": "token store of the passages, view documents (stage pretrain_tokenize); default: tokenize now"
         },
     )
     out: str = field(metadata={"help": "model folder to write"})

@@ -41,7 +41,7 @@ class Args(OptimArgs):
     tokens: str | None = field(
         default=None,
         metadata={
-            "help": "token store of the passages (stage tokenize; view documents, or passages with "
+            "help": "token store of the passages (stage pretrain_tokenize; view documents, or passages with "
             "--queries); default: tokenize now"
         },
     )

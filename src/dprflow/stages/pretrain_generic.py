@@ -38,7 +38,9 @@ class Args(OptimArgs):
     corpus_path: str | None = field(default=None, metadata={"help": "file of the jsonl/passages corpus"})
     tokens: str | None = field(
         default=None,
-        metadata={"help": "token store of the corpus, view texts (stage tokenize); default: tokenize now"},
+        metadata={
+            "help": "token store of the corpus, view texts (stage pretrain_tokenize); default: tokenize now"
+        },
     )
     max_length: int = field(default=128, metadata={"help": "tokens per sequence, [CLS] and [SEP] included"})
     mlm_probability: float = field(default=0.15, metadata={"help": "masked share (BERT: 0.15)"})

@@ -65,7 +65,7 @@ class Args(OptimArgs):
     tokens: str | None = field(
         default=None,
         metadata={
-            "help": "token store of the corpus (stage tokenize; view texts/passages, cotmae "
+            "help": "token store of the corpus (stage pretrain_tokenize; view texts/passages, cotmae "
             "text-sentences/document-sentences); default, and always for cdmae: tokenize now"
         },
     )

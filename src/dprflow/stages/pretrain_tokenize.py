@@ -1,4 +1,4 @@
-"""Stage ``tokenize``: a corpus tokenized once per tokenizer and view into a token store.
+"""Stage ``pretrain_tokenize``: a corpus tokenized once per tokenizer and view into a token store.
 
 Every pre-training method reads its corpus from a store (:mod:`dprflow.data.token_store`) and cuts
 its spans, windows, chunks and pairs from it per batch. The texts are read and tokenized

@@ -27,7 +27,7 @@ pieces inheriting their word's value) when n-gram statistics are given.
   ``span_max`` tokens are cropped once at a random offset (the reference crops the mask and the
   ids separately, a bug not copied). Encoder ratio ``p_enc`` 0.3, decoder ``p_dec`` 0.45.
 
-From a token store (:mod:`dprflow.data.token_store`, stage ``tokenize``) the same items are read
+From a token store (:mod:`dprflow.data.token_store`, stage ``pretrain_tokenize``) the same items are read
 lazily: :func:`store_chunks` (the chunks of :func:`chunk_texts`) and :func:`store_cotmae_documents`
 (the documents of :func:`cotmae_documents`, cut with the same generator draws).
 
