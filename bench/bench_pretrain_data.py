@@ -32,7 +32,16 @@ from pathlib import Path
 import numpy as np
 from _common import ROOT, bench_dir
 
-STAGES = ("condenser", "cocondenser", "contriever", "bmae", "cotmae", "qac-cocondenser", "pmi_count")
+STAGES = (
+    "condenser",
+    "cocondenser",
+    "contriever",
+    "bmae",
+    "cotmae",
+    "qac-cocondenser",
+    "qac-cotmae",
+    "pmi_count",
+)
 
 
 def write_collection(root: Path, n_passages: int, seed: int = 0) -> Path:
@@ -132,15 +141,19 @@ def stage_argv(stage: str, data: Path, init: Path, condenser: Path, work: Path) 
         return "pretrain_generic", ["--init", str(init), "--corpus", "passages", "--corpus-path", passages,
                                     "--batch-size", "8", *out, *common]  # fmt: skip
     if stage in ("cocondenser", "qac-cocondenser"):
+        if not condenser.is_dir():
+            raise SystemExit(f"{stage} starts from the condenser stage's model: list condenser before it")
         extra = ["--queries", str(data / "generated.parquet")] if stage == "qac-cocondenser" else []
         return "pretrain_corpus", ["--init", str(condenser), "--passages", passages, "--batch-size", "8",
                                    *extra, *out, *common]  # fmt: skip
     if stage == "contriever":
         return "pretrain_contriever", ["--init", str(init), "--passages", passages, "--batch-size", "8",
                                        *out, *common]  # fmt: skip
-    if stage in ("bmae", "cotmae"):
-        return "pretrain_mae", ["--variant", stage, "--init", str(init), "--corpus", "passages",
-                                "--corpus-path", passages, "--batch-size", "8", *out, *common]  # fmt: skip
+    if stage in ("bmae", "cotmae", "qac-cotmae"):
+        extra = ["--queries", str(data / "generated.parquet")] if stage == "qac-cotmae" else []
+        return "pretrain_mae", ["--variant", stage.removeprefix("qac-"), "--init", str(init), "--corpus",
+                                "passages", "--corpus-path", passages, "--batch-size", "8", *extra,
+                                *out, *common]  # fmt: skip
     return "pmi_count", [
         "--corpus",
         "passages",
