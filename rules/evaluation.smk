@@ -13,24 +13,21 @@ def paper_references():
         for c, spec in config["collections"].items()
         if spec["reference"]
     ]
-    return " ".join(shlex.quote(p) for p in pairs)
+    return pairs
 
 
 def scored_splits():
     """collection=split pairs: the query split each collection's comparison scores."""
-    return " ".join(
-        shlex.quote(f"{c}={spec['eval_split']}")
-        for c, spec in config["collections"].items()
-    )
+    return [f"{c}={spec['eval_split']}" for c, spec in config["collections"].items()]
 
 
 def trained_on_collections():
     """Collections whose scored split is their training split (score_training_queries)."""
-    return " ".join(
-        shlex.quote(c)
+    return [
+        c
         for c, spec in config["collections"].items()
         if spec["eval_split"] == spec["train_split"]
-    )
+    ]
 
 
 def metrics_files():
@@ -72,11 +69,11 @@ rule evaluate:
         runtime=30,
     params:
         split=eval_split,
-        metrics=" ".join(config["evaluation"]["metrics"]),
+        metrics=config["evaluation"]["metrics"],
     shell:
-        "python -m dprflow.stages.evaluate --run {input.run} --passages {input.passages}"
-        " --queries {input.queries} --qrels {input.qrels} --split {params.split}"
-        " --out {output.metrics} --metrics {params.metrics} > {log} 2>&1"
+        "python -m dprflow.stages.evaluate --run {input.run:q} --passages {input.passages:q}"
+        " --queries {input.queries:q} --qrels {input.qrels:q} --split {params.split:q}"
+        " --out {output.metrics:q} --metrics {params.metrics:q} > {log:q} 2>&1"
 
 
 rule compare:
@@ -98,17 +95,17 @@ rule compare:
         mem_mb=2000,
         runtime=10,
     params:
-        metrics=" ".join(config["evaluation"]["metrics"]),
-        methods=" ".join(config["methods"]),
+        metrics=config["evaluation"]["metrics"],
+        methods=config["methods"],
         baseline=config["evaluation"]["baseline"],
         results=compare_results_dir,
         paper_references=paper_references(),
         splits=scored_splits(),
         trained_on=trained_on_collections(),
     shell:
-        "python -m dprflow.stages.compare --metrics-files {input.metrics} --results-dir {params.results}"
-        " --encoder-files {input.encoders} --out-md {output.md} --out-csv {output.csv}"
-        " --metrics {params.metrics}"
-        " --methods {params.methods} --baseline {params.baseline}"
-        " --splits {params.splits} --trained-on {params.trained_on}"
-        " --paper-references {params.paper_references} > {log} 2>&1"
+        "python -m dprflow.stages.compare --metrics-files {input.metrics:q} --results-dir {params.results:q}"
+        " --encoder-files {input.encoders:q} --out-md {output.md:q} --out-csv {output.csv:q}"
+        " --metrics {params.metrics:q}"
+        " --methods {params.methods:q} --baseline {params.baseline:q}"
+        " --splits {params.splits:q} --trained-on {params.trained_on:q}"
+        " --paper-references {params.paper_references:q} > {log:q} 2>&1"

@@ -10,7 +10,7 @@ def generic_corpus_input(wildcards):
 
 def pretrain_generic_flags(wildcards):
     corpus = PT["generic_corpus"]
-    flags = f"--corpus {corpus['source']} --seed {FT['seed']}"
+    flags = f"--corpus {q(corpus['source'])} --seed {q(FT['seed'])}"
     if corpus["path"]:
         flags += f" --corpus-path {shlex.quote(corpus['path'])}"
     keys = [
@@ -35,7 +35,7 @@ def pretrain_corpus_flags(wildcards):
     and its passages' length (query-as-context section 4.2: 144 tokens)."""
     queries = "".join(
         f" --queries {shlex.quote(p)}"
-        f" --max-passage-tokens {PT['cocondenser']['qac_passage_tokens']}"
+        f" --max-passage-tokens {q(PT['cocondenser']['qac_passage_tokens'])}"
         for p in qac_queries_input(wildcards)
     )
     keys = [
@@ -52,7 +52,7 @@ def pretrain_corpus_flags(wildcards):
         "max_steps",
     ]
     return (
-        f"--seed {FT['seed']}"
+        f"--seed {q(FT['seed'])}"
         f" {train_flags(PT['cocondenser'], keys)}{queries} {training_flags()}"
     )
 
@@ -70,7 +70,7 @@ def pmi_count_flags(wildcards):
         source = PT["generic_corpus"]["source"]
     else:
         source = "passages"
-    flags = f"--corpus {source} --shards {p['shards']} --max-n {p['max_n']} --max-distinct {p['max_distinct']}"
+    flags = f"--corpus {q(source)} --shards {q(p['shards'])} --max-n {q(p['max_n'])} --max-distinct {q(p['max_distinct'])}"
     for path in pmi_corpus_input(wildcards):
         flags += f" --corpus-path {shlex.quote(path)}"
     return flags
@@ -160,9 +160,9 @@ def mae_flags(wildcards, phase):
     projection, the phase's budget and (generic phase) the corpus."""
     m = PT["mae"]
     flags = [
-        f"--seed {FT['seed']}",
-        f"--p-dec {m['p_dec'][mae_variant(wildcards)]}",
-        f"--use-projection {str(m['use_projection'][mae_variant(wildcards)]).lower()}",
+        f"--seed {q(FT['seed'])}",
+        f"--p-dec {q(m['p_dec'][mae_variant(wildcards)])}",
+        f"--use-projection {q(str(m['use_projection'][mae_variant(wildcards)]).lower())}",
         train_flags(
             m,
             [
@@ -192,7 +192,7 @@ def mae_flags(wildcards, phase):
         flags.append(f"--queries {shlex.quote(path)}")
     if phase == "generic":
         corpus = PT["generic_corpus"]
-        flags.append(f"--corpus {corpus['source']}")
+        flags.append(f"--corpus {q(corpus['source'])}")
         if corpus["path"]:
             flags.append(f"--corpus-path {shlex.quote(corpus['path'])}")
     return " ".join(flags)
@@ -220,7 +220,7 @@ def pretrain_contriever_flags(wildcards):
         "max_steps",
     ]
     return (
-        f"--seed {FT['seed']} {train_flags(PT['contriever'], keys)} {training_flags()}"
+        f"--seed {q(FT['seed'])} {train_flags(PT['contriever'], keys)} {training_flags()}"
     )
 
 
@@ -245,13 +245,14 @@ rule pretrain_generic:
         checkpoint_every=FT["checkpoint_every"],
         num_workers=config["training"]["num_workers"],
     params:
+        fingerprint=model_init_fingerprint,
         launch=training_launcher,
         init=config["model"]["init"],
         flags=pretrain_generic_flags,
         checkpoints=f"{RESULTS}/pretrain/condenser/generic/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_generic --init {params.init} --out {output.model}"
-        " --checkpoint-dir {params.checkpoints} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
+        "{params.launch} -m dprflow.stages.pretrain_generic --init {params.init:q} --out {output.model:q}"
+        " --checkpoint-dir {params.checkpoints:q} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
 
 
 rule pretrain_corpus:
@@ -280,9 +281,9 @@ rule pretrain_corpus:
         flags=pretrain_corpus_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{cocondenser}}/pretrain/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_corpus --init {input.init} --passages {input.passages}"
-        " --out {output.model} --checkpoint-dir {params.checkpoints} {params.flags}"
-        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
+        "{params.launch} -m dprflow.stages.pretrain_corpus --init {input.init:q} --passages {input.passages:q}"
+        " --out {output.model:q} --checkpoint-dir {params.checkpoints:q} {params.flags}"
+        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
 
 
 rule pretrain_contriever:
@@ -306,14 +307,15 @@ rule pretrain_contriever:
         checkpoint_every=FT["checkpoint_every"],
         num_workers=config["training"]["num_workers"],
     params:
+        fingerprint=model_init_fingerprint,
         launch=training_launcher,
         init=config["model"]["init"],
         flags=pretrain_contriever_flags,
         checkpoints=f"{RESULTS}/{{collection}}/contriever/pretrain/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_contriever --init {params.init}"
-        " --passages {input.passages} --out {output.model} --checkpoint-dir {params.checkpoints}"
-        " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
+        "{params.launch} -m dprflow.stages.pretrain_contriever --init {params.init:q}"
+        " --passages {input.passages:q} --out {output.model:q} --checkpoint-dir {params.checkpoints:q}"
+        " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
 
 
 # Masked auto-encoders (BMAE, CDMAE, CoT-MAE): n-gram statistics for CDMAE's importance-aware
@@ -340,8 +342,8 @@ rule pmi_count:
     params:
         flags=pmi_count_flags,
     shell:
-        "python -m dprflow.stages.pmi_count {params.flags} --shard {wildcards.shard}"
-        " --out {output.counts} > {log} 2>&1"
+        "python -m dprflow.stages.pmi_count {params.flags} --shard {wildcards.shard:q}"
+        " --out {output.counts:q} > {log:q} 2>&1"
 
 
 rule pmi:
@@ -363,8 +365,8 @@ rule pmi:
     params:
         min_count=PT["pmi"]["min_count"],
     shell:
-        "python -m dprflow.stages.pmi --counts {input.counts} --min-count {params.min_count}"
-        " --out {output.stats} > {log} 2>&1"
+        "python -m dprflow.stages.pmi --counts {input.counts:q} --min-count {params.min_count:q}"
+        " --out {output.stats:q} > {log:q} 2>&1"
 
 
 rule pretrain_mae_generic:
@@ -389,14 +391,15 @@ rule pretrain_mae_generic:
         checkpoint_every=FT["checkpoint_every"],
         num_workers=config["training"]["num_workers"],
     params:
+        fingerprint=model_init_fingerprint,
         launch=training_launcher,
         init=config["model"]["init"],
         flags=mae_generic_flags,
         checkpoints=f"{RESULTS}/pretrain/{{mae}}/generic/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_mae --variant {wildcards.mae} --init {params.init}"
-        " --out {output.model} --checkpoint-dir {params.checkpoints} {params.flags}"
-        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
+        "{params.launch} -m dprflow.stages.pretrain_mae --variant {wildcards.mae:q} --init {params.init:q}"
+        " --out {output.model:q} --checkpoint-dir {params.checkpoints:q} {params.flags}"
+        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
 
 
 rule pretrain_mae_corpus:
@@ -428,6 +431,6 @@ rule pretrain_mae_corpus:
         flags=mae_corpus_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{mae_method}}/pretrain/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_mae --variant {params.variant} --init {params.init}"
-        " --corpus passages --corpus-path {input.passages} --out {output.model}"
-        " --checkpoint-dir {params.checkpoints} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
+        "{params.launch} -m dprflow.stages.pretrain_mae --variant {params.variant:q} --init {params.init:q}"
+        " --corpus passages --corpus-path {input.passages:q} --out {output.model:q}"
+        " --checkpoint-dir {params.checkpoints:q} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
