@@ -223,14 +223,18 @@ def test_beir_splits_are_the_qrels_files_present(tmp_path):
 DRY_RUN = [str(Path(sys.executable).with_name("snakemake")), "-n", "--quiet", "-s", str(ROOT / "Snakefile")]
 
 
-def test_an_unknown_baseline_stops_the_dag_build(tmp_path):
-    cmd = [*DRY_RUN, "--configfile", str(ROOT / "config" / "config.yaml"), "-d", str(tmp_path)]
-    out = subprocess.run(
-        [*cmd, "--config", "evaluation={'baseline': 'bm26'}"], capture_output=True, text=True, timeout=300
-    )
+def failed_dry_run(workdir: Path, override: str) -> str:
+    """What a dry run of the default config with ``--config override`` prints; it must fail."""
+    cmd = [*DRY_RUN, "--configfile", str(ROOT / "config" / "config.yaml"), "-d", str(workdir)]
+    out = subprocess.run([*cmd, "--config", override], capture_output=True, text=True, timeout=300)
     assert out.returncode != 0
-    assert "evaluation.baseline = 'bm26' is not a row of this run's comparison" in out.stderr + out.stdout
-    assert "none/zeroshot" in out.stderr + out.stdout
+    return out.stdout + out.stderr
+
+
+def test_an_unknown_baseline_stops_the_dag_build(tmp_path):
+    printed = failed_dry_run(tmp_path, "evaluation={'baseline': 'bm26'}")
+    assert "evaluation.baseline = 'bm26' is not a row of this run's comparison" in printed
+    assert "none/zeroshot" in printed
 
 
 # ---- the comparison says which split was scored, on how many queries ----------------------------
@@ -765,12 +769,8 @@ def test_an_uncached_hub_id_is_refused_at_dag_build_only_when_the_hub_is_switche
 
 
 def test_a_dry_run_stops_on_a_missing_model_before_any_job(tmp_path):
-    cmd = [*DRY_RUN, "--configfile", str(ROOT / "config" / "config.yaml"), "-d", str(tmp_path)]
-    out = subprocess.run(
-        [*cmd, "--config", "model={'init': './no/such/model'}"], capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode != 0
-    assert "model.init = './no/such/model' does not exist" in out.stdout + out.stderr
+    printed = failed_dry_run(tmp_path, "model={'init': './no/such/model'}")
+    assert "model.init = './no/such/model' does not exist" in printed
 
 
 def test_malformed_yaml_is_named_by_file_line_and_column(tmp_path):
