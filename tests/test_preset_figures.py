@@ -38,7 +38,7 @@ class Job(NamedTuple):
 def planned_jobs(preset: Path, workdir: Path) -> list[Job]:
     """The jobs of a dry run (``-p``: with their shell commands), flags parsed."""
     config = yaml.safe_load(preset.read_text())
-    path = config["pretrain"]["generic_corpus"].get("path")
+    path = config["pretrain"].get("generic_corpus", {}).get("path")
     if path:  # the user's corpus file must exist even for a dry run (tests/test_presets.py)
         (workdir / path).parent.mkdir(parents=True, exist_ok=True)
         (workdir / path).touch()

@@ -22,7 +22,8 @@ import torch
 
 from dprflow.cli import run_stage
 from dprflow.model_init import load_tokenizer
-from dprflow.pretraining.condenser.data import mlm_batch, pair_batch
+from dprflow.pretraining.condenser.data import SPAN_SAMPLERS, mlm_batch, pair_batch
+from dprflow.pretraining.masking import WHOLE_WORD_COUNTS
 from dprflow.pretraining.condenser.model import Condenser, CondenserConfig
 from dprflow.pretraining.corpus import read_passages_documents
 from dprflow.pretraining.query_as_context import pairs as query_context
@@ -40,10 +41,25 @@ class Args(OptimArgs):
     passages: str = field(metadata={"help": "passages.parquet of the target collection"})
     out: str = field(metadata={"help": "model folder to write"})
     checkpoint_dir: str = field(metadata={"help": "resumable checkpoints"})
-    span_min: int = field(default=16, metadata={"help": "shortest span in tokens"})
+    spans: str = field(
+        default="independent",
+        metadata={
+            "help": "non_overlapping: two distinct consecutive spans of --span-max tokens (the authors'); "
+            "independent: two spans of --span-min..--span-max tokens at independent positions",
+            "choices": list(SPAN_SAMPLERS),
+        },
+    )
+    span_min: int = field(default=16, metadata={"help": "shortest span in tokens (independent spans)"})
     span_max: int = field(default=64, metadata={"help": "longest span in tokens"})
     mlm_probability: float = field(default=0.15, metadata={"help": "masked share"})
     whole_word: bool = field(default=False, metadata={"help": "mask whole words"})
+    whole_word_count: str = field(
+        default="words",
+        metadata={
+            "help": "with --whole-word: words (p of the words) or tokens (BERT's: whole words up to p of the tokens)",
+            "choices": list(WHOLE_WORD_COUNTS),
+        },
+    )
     contrastive_only: bool = field(default=False, metadata={"help": "drop the MLM losses (Table 4)"})
     temperature: float = field(default=1.0, metadata={"help": "contrastive temperature (eq. 6: 1)"})
     batch_size: int = field(default=8, metadata={"help": "documents per step (2 spans each)"})
@@ -92,9 +108,17 @@ def pretrain(args: Args) -> None:
         if args.queries:  # rows 2i and 2i + 1: a passage and its query of this epoch
             passages, queries = query_context.pairs(batch_docs, epoch, args.seed)
             rows = [row for pair in zip(passages, queries, strict=True) for row in pair]
-            return mlm_batch(rows, tokenizer, rng, args.mlm_probability, args.whole_word)
+            return mlm_batch(rows, tokenizer, rng, args.mlm_probability, args.whole_word, args.whole_word_count)
         return pair_batch(
-            batch_docs, tokenizer, rng, args.span_min, args.span_max, args.mlm_probability, args.whole_word
+            batch_docs,
+            tokenizer,
+            rng,
+            args.span_min,
+            args.span_max,
+            args.mlm_probability,
+            args.whole_word,
+            args.whole_word_count,
+            args.spans,
         )
 
     def step(m, batch, backward):
