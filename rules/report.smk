@@ -21,7 +21,9 @@ def pretrained_models(collection, method):
     if method == "condenser":
         return condenser_stage_one()
     if method in ("cocondenser", "qac-cocondenser"):
-        return condenser_stage_one() + [f"{RESULTS}/{collection}/{method}/pretrain/model"]
+        return condenser_stage_one() + [
+            f"{RESULTS}/{collection}/{method}/pretrain/model"
+        ]
     if method == "contriever":
         return [f"{RESULTS}/{collection}/contriever/pretrain/model"]
     if method == "qac-cotmae" or method in MAE_METHODS:

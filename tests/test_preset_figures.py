@@ -343,7 +343,9 @@ def readme_table(preset: str) -> str:
                 paper = f"**deliberate**: {fmt(figure['paper'])} ({fmt(figure['reason'])})"
             else:
                 paper = "same"
-            lines.append(f"| {stage} | {quantity} | {fmt(figure['value'])} | {paper} | {fmt(figure['source'])} |")
+            lines.append(
+                f"| {stage} | {quantity} | {fmt(figure['value'])} | {paper} | {fmt(figure['source'])} |"
+            )
     return "\n".join(lines)
 
 

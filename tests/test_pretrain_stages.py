@@ -207,7 +207,9 @@ def test_corpus_stage_from_the_released_condenser_with_the_authors_spans_and_mas
 ):
     folder, _ = authors_condenser(tiny_init, tmp_path / "released")
     out = tmp_path / "co"
-    args = corpus_args(folder, passages, out, spans="non_overlapping", whole_word="true", whole_word_count="tokens")
+    args = corpus_args(
+        folder, passages, out, spans="non_overlapping", whole_word="true", whole_word_count="tokens"
+    )
     assert pretrain_corpus.main(args) == 0
     record = json.loads((out / "condenser_head" / "condenser_config.json").read_text())
     assert record["extra"]["spans"] == "non_overlapping" and record["extra"]["whole_word_count"] == "tokens"

@@ -111,7 +111,11 @@ def read_generic_documents(
     ``min_tokens`` skipped and counted (as :func:`read_passages_documents`)."""
     docs = tokenize_documents(generic_texts(source, path), tokenizer)
     kept = [d for d in docs if len(d) >= min_tokens]
-    counts = {"documents": len(docs), "documents_too_short_skipped": len(docs) - len(kept), "documents_kept": len(kept)}
+    counts = {
+        "documents": len(docs),
+        "documents_too_short_skipped": len(docs) - len(kept),
+        "documents_kept": len(kept),
+    }
     for key, value in counts.items():
         log.info("generic documents, %s: %d", key, value)
     return kept, counts

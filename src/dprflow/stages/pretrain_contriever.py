@@ -118,7 +118,9 @@ class Args(OptimArgs):
         if self.queue_size < 1:
             raise ValueError("--queue-size must be >= 1")
         if (self.passages is None) == (self.corpus is None):
-            raise ValueError("give one of --passages (the collection's documents) and --corpus (a generic corpus)")
+            raise ValueError(
+                "give one of --passages (the collection's documents) and --corpus (a generic corpus)"
+            )
 
 
 def pretrain(args: Args) -> None:

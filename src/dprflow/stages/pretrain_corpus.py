@@ -23,9 +23,9 @@ import torch
 from dprflow.cli import run_stage
 from dprflow.model_init import load_tokenizer
 from dprflow.pretraining.condenser.data import SPAN_SAMPLERS, mlm_batch, pair_batch
-from dprflow.pretraining.masking import WHOLE_WORD_COUNTS
 from dprflow.pretraining.condenser.model import Condenser, CondenserConfig
 from dprflow.pretraining.corpus import read_passages_documents
+from dprflow.pretraining.masking import WHOLE_WORD_COUNTS
 from dprflow.pretraining.query_as_context import pairs as query_context
 from dprflow.training.steps import cocondenser_step
 from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
@@ -108,7 +108,9 @@ def pretrain(args: Args) -> None:
         if args.queries:  # rows 2i and 2i + 1: a passage and its query of this epoch
             passages, queries = query_context.pairs(batch_docs, epoch, args.seed)
             rows = [row for pair in zip(passages, queries, strict=True) for row in pair]
-            return mlm_batch(rows, tokenizer, rng, args.mlm_probability, args.whole_word, args.whole_word_count)
+            return mlm_batch(
+                rows, tokenizer, rng, args.mlm_probability, args.whole_word, args.whole_word_count
+            )
         return pair_batch(
             batch_docs,
             tokenizer,

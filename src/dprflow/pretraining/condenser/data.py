@@ -42,7 +42,9 @@ def sample_spans(
     return spans
 
 
-def sample_non_overlapping_spans(rng: np.random.Generator, ids: Sequence[int], span_max: int) -> list[list[int]]:
+def sample_non_overlapping_spans(
+    rng: np.random.Generator, ids: Sequence[int], span_max: int
+) -> list[list[int]]:
     """Two disjoint spans of one document (coCondenser §3.2: "random non-overlapping sequences").
 
     The document, from a random offset, is cut into its ``n = len(ids) // span_max`` consecutive
