@@ -197,9 +197,12 @@ def authors_condenser(tiny_init: Path, out: Path) -> tuple[Path, dict[str, torch
 def test_the_authors_condenser_head_is_restored(tiny_init, tmp_path):
     folder, head = authors_condenser(tiny_init, tmp_path / "released")
     torch.manual_seed(0)  # a fresh head would differ
-    restored = Condenser.from_pretrained(folder).head.state_dict()
+    model = Condenser.from_pretrained(folder)
+    restored = model.head.state_dict()
     assert restored.keys() == head.keys() and all(torch.equal(restored[k], head[k]) for k in head)
+    assert model.head_restored
     assert authors_head_state(tiny_init) is None  # a plain folder: no head to restore
+    assert not Condenser.from_pretrained(tiny_init).head_restored
 
 
 def test_corpus_stage_from_the_released_condenser_with_the_authors_spans_and_masking(

@@ -103,6 +103,12 @@ def pretrain(args: Args) -> None:
     weight = 0.0 if args.contrastive_only else 1.0
     config = CondenserConfig(head_weight=weight, backbone_weight=weight, temperature=args.temperature)
     model = Condenser.from_pretrained(args.init, config)
+    if not model.head_restored:  # coCondenser 4.1 warm-starts "both backbone and head"
+        log.warning(
+            "%s has no Condenser head (a folder of pretrain_generic, or the authors' model.pt): "
+            "stage two starts from a random head",
+            args.init,
+        )
 
     def make_batch(rng, batch_docs, epoch):
         if args.queries:  # rows 2i and 2i + 1: a passage and its query of this epoch

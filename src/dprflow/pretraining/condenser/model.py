@@ -346,6 +346,7 @@ class Condenser(nn.Module):
         authors_head = authors_head_state(path)
         if authors_head is not None:  # a Condenser saved by the authors' code: its head restored
             model.head.load_state_dict(authors_head)
+        model.head_restored = authors_head is not None
         log.info(
             "Condenser from %s: %d early + %d late layers, %d %s head layers",
             path,
@@ -379,6 +380,7 @@ class Condenser(nn.Module):
         backbone = load_backbone(path, "Condenser", **model_kwargs)
         model = cls(backbone, None, config)
         load_extras(head_dir, record, {"head": model.head}, model.lm_head, backbone.device)
+        model.head_restored = True
         log.info("Condenser restored from %s (backbone and head)", path)
         return model
 
@@ -411,7 +413,7 @@ def authors_head_state(path: str | Path) -> dict[str, torch.Tensor] | None:
         try:
             file = Path(hf_hub_download(str(path), AUTHORS_HEAD_FILE))
         except (EntryNotFoundError, LocalEntryNotFoundError):
-            log.warning("%s has no %s: the Condenser head starts random", path, AUTHORS_HEAD_FILE)
+            log.info("%s holds no %s (a head saved by the authors' code)", path, AUTHORS_HEAD_FILE)
             return None
     state = torch.load(file, map_location="cpu", weights_only=True)
     head = {k[len(AUTHORS_HEAD_PREFIX) :]: v for k, v in state.items() if k.startswith(AUTHORS_HEAD_PREFIX)}
