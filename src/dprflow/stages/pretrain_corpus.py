@@ -81,6 +81,10 @@ class Args(OptimArgs):
     def check(self) -> None:
         if not 1 <= self.span_min <= self.span_max:
             raise ValueError("need 1 <= --span-min <= --span-max")
+        if self.spans == "non_overlapping" and self.span_min < 2:
+            raise ValueError(
+                "--spans non_overlapping needs --span-min >= 2 (the shortest document cut in two)"
+            )
 
 
 def training_items(args: Args, tokenizer) -> tuple[list, dict[str, int]]:
