@@ -129,6 +129,19 @@ wildcard_constraints:
 PT = config["pretrain"]
 
 
+def condenser_model():
+    """The stage-one Condenser (coCondenser stage two's start and the condenser row's encoder):
+    pretrain.cocondenser.init (coCondenser 4.1: "the released Condenser"), else the model
+    pretrain_generic trains here."""
+    return PT["cocondenser"]["init"] or f"{RESULTS}/pretrain/condenser/generic/model"
+
+
+def condenser_stage_one():
+    """Stage one's model folder when pretrain_generic trains it here; none when stage two starts
+    from pretrain.cocondenser.init."""
+    return [] if PT["cocondenser"]["init"] else [condenser_model()]
+
+
 MAE_METHODS = ["bmae", "cdmae", "cotmae"]
 # Query-as-context (doc2query queries as the context of their passage) and the method whose
 # stage-one model and pre-training stage it shares.

@@ -39,12 +39,15 @@ def pretrain_corpus_flags(wildcards):
         for p in qac_queries_input(wildcards)
     )
     keys = [
+        "spans",
         "span_min",
         "span_max",
         "batch_size",
         "chunk_size",
         "contrastive_only",
         "mlm_probability",
+        "whole_word",
+        "whole_word_count",
         "learning_rate",
         "weight_decay",
         "warmup_ratio",
@@ -55,6 +58,19 @@ def pretrain_corpus_flags(wildcards):
         f"--seed {q(FT['seed'])}"
         f" {train_flags(PT['cocondenser'], keys)}{queries} {training_flags()}"
     )
+
+
+def cocondenser_init_fingerprint(wildcards):
+    """The content of a local pretrain.cocondenser.init folder (see content_fingerprint)."""
+    return content_fingerprint(PT["cocondenser"]["init"])
+
+
+def cocondenser_init_input(wildcards):
+    """The stage-one Condenser as an input of stage two: pretrain.cocondenser.init when it is a
+    local folder (a hub id is no input), else the model pretrain_generic trains here."""
+    if PT["cocondenser"]["init"]:
+        return local_paths(PT["cocondenser"]["init"])
+    return rules.pretrain_generic.output.model
 
 
 def pmi_corpus_input(wildcards):
@@ -100,7 +116,7 @@ def mae_generic_pmi(wildcards):
 
 
 def mae_corpus_pmi(wildcards):
-    return _mae_pmi(wildcards, wildcards.collection)
+    return _mae_pmi(wildcards, corpus_stage_corpus(wildcards))
 
 
 def mae_variant(wildcards):
@@ -123,28 +139,36 @@ def mae_corpus_init(wildcards):
     return PT["mae"]["corpus_init"] or mae_generic_model(wildcards)
 
 
-def cocondenser_corpus(wildcards):
-    """The passages coCondenser stage two samples span pairs from: a pretrain.corpora corpus
-    (e.g. msmarco-document, coCondenser 4.1), else the collection's own (query-as-context
-    methods always read the collection's passages, whose queries doc2query generated).
-    """
-    corpus = PT["cocondenser"]["corpus"]
-    if corpus and corpus not in PT["corpora"]:
+def corpus_stage_corpus(wildcards):
+    """The name whose passages a corpus-stage job reads: pretrain.cocondenser.corpus (coCondenser
+    and query-as-context coCondenser) or pretrain.mae.corpus.documents (the MAEs), a corpus of
+    pretrain.corpora (e.g. msmarco-document cut into passages of passages.max_tokens, coCondenser
+    4.1, query-as-context 4.1); else the collection's own."""
+    if "cocondenser" in wildcards.keys():
+        key, name = "pretrain.cocondenser.corpus", PT["cocondenser"]["corpus"]
+    else:
+        key, name = "pretrain.mae.corpus.documents", PT["mae"]["corpus"]["documents"]
+    if name and name not in PT["corpora"]:
         raise ValueError(
-            f"pretrain.cocondenser.corpus: {corpus!r} is not a name of pretrain.corpora "
+            f"{key}: {name!r} is not a name of pretrain.corpora "
             f"({sorted(PT['corpora']) or 'none defined'})"
         )
-    if corpus and wildcards.cocondenser not in QAC_METHODS:
-        return f"{RESULTS}/{corpus}/passages.parquet"
-    return f"{RESULTS}/{wildcards.collection}/passages.parquet"
+    return name or wildcards.collection
+
+
+def corpus_stage_passages(wildcards):
+    """The passages a corpus-stage job reads: coCondenser samples span pairs from their documents
+    (query-as-context pairs them with their queries), CoT-MAE joins them back into documents."""
+    return f"{RESULTS}/{corpus_stage_corpus(wildcards)}/passages.parquet"
 
 
 def qac_queries_input(wildcards):
-    """A query-as-context method's doc2query queries; none for the other methods."""
+    """A query-as-context method's doc2query queries of the passages it reads; none for the
+    other methods."""
     method = wildcards.get("cocondenser") or wildcards.get("mae_method")
     if method not in QAC_METHODS:
         return []
-    return [f"{RESULTS}/{wildcards.collection}/doc2query/generated_queries.parquet"]
+    return [f"{RESULTS}/{corpus_stage_corpus(wildcards)}/doc2query/generated_queries.parquet"]
 
 
 def mae_generic_flags(wildcards):
@@ -180,7 +204,7 @@ def mae_flags(wildcards, phase):
                 "warmup_ratio",
             ],
         ),
-        train_flags(m[phase], ["epochs", "max_steps"]),
+        train_flags(m[phase], ["epochs", "max_steps", "stop_at_step"]),
         training_flags(),
     ]
     pmi = (
@@ -196,6 +220,24 @@ def mae_flags(wildcards, phase):
         if corpus["path"]:
             flags.append(f"--corpus-path {shlex.quote(corpus['path'])}")
     return " ".join(flags)
+
+
+def contriever_corpus_input(wildcards):
+    """What Contriever pre-trains on: the collection's documents, or with pretrain.contriever.corpus
+    generic the generic corpus (Contriever Appendix A: Wikipedia, or Wikipedia and CCNet)."""
+    if PT["contriever"]["corpus"] == "generic":
+        return generic_corpus_input(wildcards)
+    return [f"{RESULTS}/{wildcards.collection}/passages.parquet"]
+
+
+def contriever_corpus_flags(wildcards):
+    if PT["contriever"]["corpus"] == "generic":
+        corpus = PT["generic_corpus"]
+        flags = f"--corpus {q(corpus['source'])}"
+        if corpus["path"]:
+            flags += f" --corpus-path {shlex.quote(corpus['path'])}"
+        return flags
+    return f"--passages {shlex.quote(contriever_corpus_input(wildcards)[0])}"
 
 
 def pretrain_contriever_flags(wildcards):
@@ -220,7 +262,8 @@ def pretrain_contriever_flags(wildcards):
         "max_steps",
     ]
     return (
-        f"--seed {q(FT['seed'])} {train_flags(PT['contriever'], keys)} {training_flags()}"
+        f"{contriever_corpus_flags(wildcards)} --seed {q(FT['seed'])}"
+        f" {train_flags(PT['contriever'], keys)} {training_flags()}"
     )
 
 
@@ -258,8 +301,8 @@ rule pretrain_generic:
 rule pretrain_corpus:
     input:
         code=stage_code("pretrain_corpus"),
-        init=rules.pretrain_generic.output.model,
-        passages=cocondenser_corpus,
+        init=cocondenser_init_input,
+        passages=corpus_stage_passages,
         queries=qac_queries_input,
     output:
         model=directory(f"{RESULTS}/{{collection}}/{{cocondenser}}/pretrain/model"),
@@ -277,11 +320,13 @@ rule pretrain_corpus:
         checkpoint_every=FT["checkpoint_every"],
         num_workers=config["training"]["num_workers"],
     params:
+        fingerprint=cocondenser_init_fingerprint,
         launch=training_launcher,
+        init=condenser_model(),
         flags=pretrain_corpus_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{cocondenser}}/pretrain/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_corpus --init {input.init:q} --passages {input.passages:q}"
+        "{params.launch} -m dprflow.stages.pretrain_corpus --init {params.init:q} --passages {input.passages:q}"
         " --out {output.model:q} --checkpoint-dir {params.checkpoints:q} {params.flags}"
         " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
 
@@ -290,7 +335,7 @@ rule pretrain_contriever:
     input:
         code=stage_code("pretrain_contriever"),
         init=model_init_input,
-        passages=rules.split_passages.output.passages,
+        corpus=contriever_corpus_input,
     output:
         model=directory(f"{RESULTS}/{{collection}}/contriever/pretrain/model"),
     log:
@@ -314,7 +359,7 @@ rule pretrain_contriever:
         checkpoints=f"{RESULTS}/{{collection}}/contriever/pretrain/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.pretrain_contriever --init {params.init:q}"
-        " --passages {input.passages:q} --out {output.model:q} --checkpoint-dir {params.checkpoints:q}"
+        " --out {output.model:q} --checkpoint-dir {params.checkpoints:q}"
         " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
 
 
@@ -406,7 +451,7 @@ rule pretrain_mae_corpus:
     input:
         code=stage_code("pretrain_mae"),
         init=mae_generic_model,
-        passages=rules.split_passages.output.passages,
+        passages=corpus_stage_passages,
         pmi=mae_corpus_pmi,
         queries=qac_queries_input,
     output:

@@ -19,11 +19,10 @@ def nb_recall_files():
 def pretrained_models(collection, method):
     """Every pre-training model folder of a method (stage one and two), for the loss curves."""
     if method == "condenser":
-        return [f"{RESULTS}/pretrain/condenser/generic/model"]
+        return condenser_stage_one()
     if method in ("cocondenser", "qac-cocondenser"):
-        return [
-            f"{RESULTS}/pretrain/condenser/generic/model",
-            f"{RESULTS}/{collection}/{method}/pretrain/model",
+        return condenser_stage_one() + [
+            f"{RESULTS}/{collection}/{method}/pretrain/model"
         ]
     if method == "contriever":
         return [f"{RESULTS}/{collection}/contriever/pretrain/model"]

@@ -6,8 +6,9 @@
 
 def pretrained_encoder(wildcards):
     """The pre-trained encoder folder of a method (an input of its retrievers); none for method none."""
-    if wildcards.method == "condenser":
-        return [f"{RESULTS}/pretrain/condenser/generic/model"]
+    if wildcards.method == "condenser":  # a hub id (pretrain.cocondenser.init) is no input
+        init = PT["cocondenser"]["init"]
+        return local_paths(init) if init else [condenser_model()]
     if wildcards.method in CORPUS_PRETRAINED:
         return [f"{RESULTS}/{wildcards.collection}/{wildcards.method}/pretrain/model"]
     return []
@@ -15,14 +16,21 @@ def pretrained_encoder(wildcards):
 
 def method_init(wildcards):
     """The checkpoint a method's fine-tuning starts from (method none: model.init itself)."""
+    if wildcards.method == "condenser":
+        return condenser_model()
     encoder = pretrained_encoder(wildcards)
     return encoder[0] if encoder else config["model"]["init"]
 
 
 def init_fingerprint(wildcards):
-    """model.init's content (see content_fingerprint) for a job that reads it: the retrievers of a
-    method without a pre-trained encoder, and among dense rows only the zeroshot one."""
-    if pretrained_encoder(wildcards) or getattr(wildcards, "retriever", "zeroshot") != "zeroshot":
+    """The content (see content_fingerprint) of the user's folder a job starts from: model.init for
+    the retrievers of method none, pretrain.cocondenser.init for the condenser row's; among dense
+    rows only the zeroshot one reads it."""
+    if getattr(wildcards, "retriever", "zeroshot") != "zeroshot":
+        return ""
+    if wildcards.method == "condenser":
+        return content_fingerprint(PT["cocondenser"]["init"])
+    if pretrained_encoder(wildcards):
         return ""
     return model_init_fingerprint(wildcards)
 
@@ -146,10 +154,13 @@ def retriever_flags(wildcards):
     else:
         d = FT["retriever"]
         flags = ""
-    if (
-        d["temperature"] is not None
-    ):  # null: the similarity's default (1 dot, 0.05 cosine)
-        flags += f" --temperature {q(d['temperature'])}"
+    temperature = d["temperature"]  # null: the similarity's default (1 dot, 0.05 cosine) ...
+    if temperature is None and wildcards.method == "contriever":
+        # ... but Contriever's rows fine-tune at "a temperature of 0.05, also used during
+        # pretraining" (Contriever Appendix A): pretrain.contriever.temperature
+        temperature = PT["contriever"]["temperature"]
+    if temperature is not None:
+        flags += f" --temperature {q(temperature)}"
     if "extra" in inputs:
         flags += f" --extra-negatives {q(inputs['extra'])} --extra-fraction {q(FT['r2_bm25_fraction'])}"
     return f"{common}{flags}{optim_flags(d)} --chunk-size {q(d['chunk_size'])} {training_flags()}"
