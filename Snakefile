@@ -42,6 +42,7 @@ include: "rules/report.smk"
 localrules:
     all,
     evaluate,
+    trec_qrels,
     compare,
     nb_recall,
     mine_negatives,
@@ -54,6 +55,7 @@ rule all:
     default_target: True
     input:
         rules.compare.output,
+        trec_qrels_files(),
         nb_recall_files(),
         faiss_index_dirs(),
         rules.report_results.output,

@@ -33,6 +33,14 @@ def trained_on_collections():
     )
 
 
+def trec_qrels_files():
+    """Each collection's qrels of its scored split as a TREC file, beside the rows' run.doc.trec."""
+    return [
+        f"{RESULTS}/{c}/collection/qrels.{spec['eval_split']}.trec"
+        for c, spec in config["collections"].items()
+    ]
+
+
 def metrics_files():
     return [
         f"{RESULTS}/{c}/{s}/metrics.parquet"
@@ -60,6 +68,7 @@ rule evaluate:
         qrels=rules.ingest.output.qrels,
     output:
         metrics=f"{RESULTS}/{{collection}}/{{system}}/metrics.parquet",
+        doc_run=f"{RESULTS}/{{collection}}/{{system}}/run.doc.trec",
     log:
         f"{LOGS}/{{collection}}/evaluate/{{system}}.log",
     benchmark:
@@ -76,7 +85,7 @@ rule evaluate:
     shell:
         "python -m dprflow.stages.evaluate --run {input.run} --passages {input.passages}"
         " --queries {input.queries} --qrels {input.qrels} --split {params.split}"
-        " --out {output.metrics} --metrics {params.metrics} > {log} 2>&1"
+        " --out {output.metrics} --doc-run {output.doc_run:q} --metrics {params.metrics} > {log} 2>&1"
 
 
 rule compare:

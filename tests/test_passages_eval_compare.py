@@ -252,3 +252,82 @@ def test_compare_stage_gathers_seed_folders(tmp_path):
     assert row["value"] == pytest.approx(0.875)  # seed means 0.75 and 1.0
     assert row["std"] == pytest.approx(0.25 / math.sqrt(2), abs=1e-6) and row["n_seeds"] == 2
     assert "| none/r2 | 0.8750 ± 0.1768 |" in (results / "compare.md").read_text()
+
+
+def trec_fixture(tmp_path):
+    """A passage run (two passages per document, a tie, a query of another split, a judged query
+    without a relevant document) and the evaluate and trec_qrels stages' outputs on it."""
+    from dprflow.data.schemas import write_table
+    from dprflow.stages import evaluate, trec_qrels
+
+    docs = ["a", "b", "c", "d", "e"]
+    passages = pd.DataFrame(
+        {
+            "passage_id": [f"{d}#{i}" for d in docs for i in (0, 1)],
+            "doc_id": [d for d in docs for _ in (0, 1)],
+            "position": [i for _ in docs for i in (0, 1)],
+            "title": "",
+            "text": "x",
+            "n_tokens": 1,
+        }
+    )
+    queries = pd.DataFrame(
+        {"query_id": ["q1", "q2", "q3", "q4"], "text": "x", "split": ["test", "test", "test", "train"]}
+    )
+    qrels = pd.DataFrame(
+        {
+            "query_id": ["q1", "q1", "q2", "q2", "q3", "q4"],
+            "doc_id": ["a", "c", "e", "b", "a", "a"],
+            "relevance": [2, 1, 1, 0, 0, 1],
+        }
+    )
+    rng = np.random.default_rng(0)
+    rows = []
+    for q in ("q1", "q2", "q3", "q4"):
+        scores = rng.normal(size=len(passages)).round(2)
+        scores[3] = scores[5]  # b#1 and c#1 tie
+        order = np.argsort(-scores, kind="stable")
+        rows += [(q, passages["passage_id"][i], float(scores[i]), r + 1) for r, i in enumerate(order)]
+    run = pd.DataFrame(rows, columns=["query_id", "passage_id", "score", "rank"])
+    for name, table in (("passages", passages), ("queries", queries), ("qrels", qrels), ("run", run)):
+        write_table(table, tmp_path / f"{name}.parquet", name)
+    common = ["--queries", str(tmp_path / "queries.parquet"), "--qrels", str(tmp_path / "qrels.parquet")]
+    common += ["--split", "test"]
+    argv = ["--run", str(tmp_path / "run.parquet"), "--passages", str(tmp_path / "passages.parquet")]
+    argv += [*common, "--out", str(tmp_path / "metrics.parquet"), "--doc-run", str(tmp_path / "run.doc.trec")]
+    assert evaluate.main([*argv, "--metrics", "nDCG@10", "RR@10", "R@3"]) == 0
+    assert trec_qrels.main([*common, "--out", str(tmp_path / "qrels.test.trec")]) == 0
+    metrics = pd.read_parquet(tmp_path / "metrics.parquet")
+    return metrics.groupby("metric")["value"].mean().to_dict()
+
+
+def test_doc_run_and_trec_qrels_give_the_stage_s_numbers_in_ir_measures(tmp_path):
+    """run.doc.trec and qrels.test.trec, read by ir_measures (pytrec_eval, trec_eval's code), give
+    the evaluate stage's means: MaxP, the split's judged queries, ties ranked as trec_eval does."""
+    ours = trec_fixture(tmp_path)
+    lines = (tmp_path / "run.doc.trec").read_text().splitlines()
+    assert {line.split()[0] for line in lines} == {"q1", "q2"}  # the test split's judged queries
+    assert len(lines) == 2 * 5 and lines[0].split()[1] == "Q0" and lines[0].split()[3] == "1"
+    qrels_lines = (tmp_path / "qrels.test.trec").read_text().splitlines()
+    assert qrels_lines == ["q1 0 a 2", "q1 0 c 1", "q2 0 b 0", "q2 0 e 1"]  # q3: nothing relevant
+    qrels = list(ir_measures.read_trec_qrels(str(tmp_path / "qrels.test.trec")))
+    run = list(ir_measures.read_trec_run(str(tmp_path / "run.doc.trec")))
+    theirs = ir_measures.calc_aggregate([ir_measures.parse_measure(m) for m in ours], qrels, run)
+    assert {str(m): v for m, v in theirs.items()} == pytest.approx(ours, abs=1e-4)
+    assert 0 < ours["nDCG@10"] < 1
+
+
+def test_doc_run_and_qrels_give_the_stage_s_numbers_in_ranx(tmp_path):
+    ranx = pytest.importorskip("ranx")
+    ours = trec_fixture(tmp_path)
+    qrels = ranx.Qrels.from_file(str(tmp_path / "qrels.test.trec"))
+    run = ranx.Run.from_file(str(tmp_path / "run.doc.trec"), kind="trec")
+    theirs = ranx.evaluate(qrels, run, ["ndcg@10", "mrr@10", "recall@3"])
+    assert theirs["ndcg@10"] == pytest.approx(ours["nDCG@10"], abs=1e-4)
+    assert theirs["mrr@10"] == pytest.approx(ours["RR@10"], abs=1e-4)
+    assert theirs["recall@3"] == pytest.approx(ours["R@3"], abs=1e-4)
+    # qrels.parquet in Qrels.from_df, with the dtypes ranx asserts (object ids, int64 grades).
+    table = pd.read_parquet(tmp_path / "qrels.parquet")
+    table = table.astype({"query_id": object, "doc_id": object, "relevance": "int64"})
+    from_df = ranx.Qrels.from_df(table, q_id_col="query_id", doc_id_col="doc_id", score_col="relevance")
+    assert from_df.to_dict()["q1"] == {"a": 2, "c": 1}
