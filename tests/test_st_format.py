@@ -319,3 +319,58 @@ def test_pretrained_encoders_load_with_the_pooling_they_are_used_with(tmp_path, 
     assert metadata["base_model"] == "sentence-transformers/all-MiniLM-L6-v2"
     assert f"**{pooling} pooling and the dot product**" in card
     assert {"condenser": "Condenser (Gao", "contriever": "Contriever (Izacard"}[kind] in card
+
+
+def test_faiss_export_tells_pyserini_how_to_embed_queries(train_data, tiny_init):  # noqa: F811
+    """The faiss folder's query_encoder.json, used as pyserini's AutoQueryEncoder uses its
+    arguments (AutoModel, pooling over the tokens, optional L2 norm, max_length), gives the row's
+    search hits on a mean-pooled cosine row, where pyserini's defaults (cls, no norm) do not."""
+    import faiss
+    from transformers import AutoModel, AutoTokenizer
+
+    from dprflow.stages import export_faiss, search_dense
+
+    with_titles(train_data)
+    extra = dict(pooling="mean", similarity="cosine", max_steps=1, max_query_length=5, max_passage_length=16)
+    assert train_retriever.main(argv(train_data, tiny_init, "m", **extra)) == 0
+    folder, shard = train_data / "m", train_data / "shard.parquet"
+    passages = str(train_data / "passages.parquet")
+    assert encode_corpus.main(["--model", str(folder), "--passages", passages, "--out", str(shard), "--max-length", "16"]) == 0
+    out = {name: str(train_data / name) for name in ("run.parquet", "run.trec", "encoder.json", "train.parquet")}
+    argv_ = ["--model", str(folder), "--embeddings", str(shard), "--queries", str(train_data / "queries.parquet")]
+    argv_ += ["--out", out["run.parquet"], "--trec", out["run.trec"], "--encoder-out", out["encoder.json"]]
+    argv_ += ["--train-out", out["train.parquet"], "--eval-split", "train", "--depth", "5", "--max-length", "5"]
+    assert search_dense.main(argv_) == 0
+    faiss_dir = train_data / "faiss"
+    argv_ = ["--embeddings", str(shard), "--encoder", out["encoder.json"], "--max-query-length", "5"]
+    assert export_faiss.main([*argv_, "--out", str(faiss_dir)]) == 0
+    settings = json.loads((faiss_dir / "query_encoder.json").read_text())
+    assert (settings["pooling"], settings["l2_norm"], settings["max_length"]) == ("mean", True, 5)
+    readme = (faiss_dir / "README.md").read_text()
+    assert "pooling='mean'" in readme and "l2_norm=True" in readme and "'max_length': 5" in readme
+
+    index = faiss.read_index(str(faiss_dir / "index"))
+    docids = (faiss_dir / "docid").read_text().splitlines()
+    model = AutoModel.from_pretrained(settings["encoder_dir"]).eval()
+    tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer_name"])
+    run = read_table(out["run.parquet"], "run")
+    queries = read_table(train_data / "queries.parquet", "queries").set_index("query_id")["text"]
+
+    def pyserini_hits(query: str, pooling: str, l2_norm: bool) -> list[str]:
+        # AutoQueryEncoder.encode, one query as FaissSearcher.search sends it
+        inputs = tokenizer(query, return_tensors="pt", padding="longest", return_token_type_ids=False,
+                           truncation=True, max_length=settings["max_length"])
+        with torch.no_grad():
+            outputs = model(**inputs)[0].numpy()
+        emb = np.average(outputs, axis=-2) if pooling == "mean" else outputs[:, 0, :]
+        if l2_norm:
+            emb = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+        _, positions = index.search(emb.astype(np.float32), 5)
+        return [docids[i] for i in positions[0]]
+
+    wrong = 0
+    for qid, hits in run.groupby("query_id"):
+        ours = hits.sort_values("rank")["passage_id"].tolist()
+        assert pyserini_hits(queries[qid], settings["pooling"], settings["l2_norm"]) == ours, qid
+        wrong += pyserini_hits(queries[qid], "cls", False) != ours
+    assert wrong > 0  # pyserini's defaults would not give the row's hits
