@@ -114,10 +114,15 @@ rule compare:
         paper_references=paper_references(),
         splits=scored_splits(),
         trained_on=trained_on_collections(),
+        significance=config["evaluation"]["significance"],
+        permutations=config["evaluation"]["permutations"],
+        permutation_seed=config["evaluation"]["permutation_seed"],
     shell:
         "python -m dprflow.stages.compare --metrics-files {input.metrics} --results-dir {params.results}"
         " --encoder-files {input.encoders} --out-md {output.md} --out-csv {output.csv}"
         " --metrics {params.metrics}"
         " --methods {params.methods} --baseline {params.baseline}"
+        " --significance {params.significance:q} --permutations {params.permutations:q}"
+        " --permutation-seed {params.permutation_seed:q}"
         " --splits {params.splits} --trained-on {params.trained_on}"
         " --paper-references {params.paper_references} > {log} 2>&1"

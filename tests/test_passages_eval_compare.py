@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 from dprflow.data.passages import group_sentences, split_documents, split_sentences
-from dprflow.evaluation.compare import build_comparison, holm, to_markdown
+from dprflow.evaluation.compare import build_comparison, holm, paired_randomization, to_markdown
 from dprflow.evaluation.metrics import evaluate_run, passage_run_to_doc_run
 from dprflow.search.runs import negatives_from_run, positive_passages
 
@@ -127,6 +127,56 @@ def test_comparison_aggregates_and_tests_against_the_baseline():
     assert table.set_index("system").loc["none/r2", "p_bm25"] == pytest.approx(max(2 * raw_r1, raw_r2))
     md = to_markdown(table, ["bm25"], ["none"], ["RR@10"])
     assert "| none/r1 |" in md and "b↑" in md.split("| none/r1 |")[1].splitlines()[0]
+
+
+def scipy_randomization(a, b, n_resamples):
+    """The reference: scipy's paired permutation test of the mean difference (swapping a query's
+    two values is flipping its difference's sign)."""
+    return stats.permutation_test(
+        (a, b),
+        lambda x, y: np.mean(x - y),
+        permutation_type="samples",
+        n_resamples=n_resamples,
+        alternative="two-sided",
+        random_state=0,
+    ).pvalue
+
+
+def test_randomization_test_against_scipy():
+    rng = np.random.default_rng(1)
+    # 10 queries: 1024 sign assignments, enumerated by both (the exact test)
+    a, b = rng.uniform(size=10), rng.uniform(size=10)
+    b[:3] = a[:3]  # ties: zero differences
+    ours = paired_randomization(pd.Series(a), pd.Series(b), permutations=5000)
+    assert ours == pytest.approx(scipy_randomization(a, b, 5000), abs=1e-12)
+    # 40 queries: sampled; the same p-value up to Monte Carlo error (sd about 0.005 here)
+    a = rng.uniform(size=40)
+    b = a + rng.normal(0.05, 0.2, size=40)
+    ours = paired_randomization(pd.Series(a), pd.Series(b), permutations=20000, seed=3)
+    reference = scipy_randomization(a, b, 20000)
+    assert 0.01 < reference < 0.9 and ours == pytest.approx(reference, abs=0.02)
+    assert ours == paired_randomization(pd.Series(a), pd.Series(b), permutations=20000, seed=3)  # seeded
+    # identical systems: p = 1; one query shared: undefined
+    assert paired_randomization(pd.Series(a), pd.Series(a)) == 1.0
+    assert math.isnan(paired_randomization(pd.Series([1.0]), pd.Series([0.0])))
+
+
+def test_comparison_with_the_randomization_test_is_holm_corrected():
+    rng = np.random.default_rng(0)
+    qids = [f"q{i}" for i in range(12)]
+    base = rng.uniform(0, 0.5, size=12)
+    per_query = {("c", "bm25"): pd.DataFrame({"query_id": qids, "metric": "RR@10", "value": base})}
+    values = {"none/r1": base + 0.2 + rng.normal(0, 0.05, 12), "none/r2": base + rng.normal(0, 0.05, 12)}
+    for system, v in values.items():
+        per_query[("c", system)] = pd.DataFrame({"query_id": qids, "metric": "RR@10", "value": v})
+    table = build_comparison(per_query, ["bm25"], "randomization", 10000).set_index("system")
+    raw = [scipy_randomization(values[s], base, 10000) for s in ("none/r1", "none/r2")]  # exact: 4096
+    assert table.loc[["none/r1", "none/r2"], "p_bm25"].tolist() == pytest.approx(holm(raw), abs=1e-12)
+    assert table.loc["none/r1", "p_bm25"] < 0.05 < table.loc["none/r2", "p_bm25"]
+    md = to_markdown(table.reset_index(), ["bm25"], ["none"], ["RR@10"], test="randomization", permutations=10000)
+    assert "Fisher randomization test (10000 sign permutations" in md
+    with pytest.raises(ValueError, match="allowed: t-test, randomization"):
+        build_comparison(per_query, ["bm25"], "wilcoxon")
 
 
 def test_seeds_are_gathered_into_mean_and_std_against_a_hand_computation():
@@ -331,3 +381,23 @@ def test_doc_run_and_qrels_give_the_stage_s_numbers_in_ranx(tmp_path):
     table = table.astype({"query_id": object, "doc_id": object, "relevance": "int64"})
     from_df = ranx.Qrels.from_df(table, q_id_col="query_id", doc_id_col="doc_id", score_col="relevance")
     assert from_df.to_dict()["q1"] == {"a": 2, "c": 1}
+
+
+def test_compare_stage_takes_the_randomization_test(tmp_path):
+    from dprflow.data.schemas import write_table
+    from dprflow.stages import compare
+
+    results = tmp_path / "results"
+    values = {"bm25": [0.0, 0.5, 0.25, 0.0], "none/seed-13/r2": [1.0, 1.0, 0.5, 0.5]}
+    for system, v in values.items():
+        table = pd.DataFrame({"query_id": ["q1", "q2", "q3", "q4"], "metric": "RR@10", "value": v})
+        write_table(table, results / "c" / system / "metrics.parquet", "metrics")
+    argv = ["--metrics-files", *(str(results / "c" / s / "metrics.parquet") for s in values)]
+    argv += ["--results-dir", str(results), "--metrics", "RR@10", "--out-md", str(results / "compare.md")]
+    argv += ["--out-csv", str(results / "compare.csv"), "--significance", "randomization"]
+    assert compare.main(argv) == 0
+    # 4 queries, every difference positive: 2 of the 16 sign assignments are as extreme, p = 1/8
+    row = pd.read_csv(results / "compare.csv").set_index("system").loc["none/r2"]
+    assert row["p_bm25"] == pytest.approx(0.125)
+    assert "Fisher randomization test" in (results / "compare.md").read_text()
+    assert compare.main([*argv, "--permutations", "0"]) != 0
