@@ -44,6 +44,7 @@ localrules:
     evaluate,
     trec_qrels,
     compare,
+    export_model,
     nb_recall,
     mine_negatives,
     pmi,
@@ -56,6 +57,7 @@ rule all:
     input:
         rules.compare.output,
         trec_qrels_files(),
+        hub_folders(),
         nb_recall_files(),
         faiss_index_dirs(),
         rules.report_results.output,

@@ -41,6 +41,17 @@ def trec_qrels_files():
     ]
 
 
+def hub_folders():
+    """The upload-ready folder of every trained model of every row (export_model)."""
+    return [
+        f"{RESULTS}/{c}/{m}/seed-{seed}/{stage}/hub"
+        for c in config["collections"]
+        for m in config["methods"]
+        for seed in finetune_seeds()
+        for stage in STAGES
+    ]
+
+
 def metrics_files():
     return [
         f"{RESULTS}/{c}/{s}/metrics.parquet"
@@ -126,3 +137,27 @@ rule compare:
         " --permutation-seed {params.permutation_seed:q}"
         " --splits {params.splits} --trained-on {params.trained_on}"
         " --paper-references {params.paper_references} > {log} 2>&1"
+
+
+rule export_model:
+    input:
+        code=stage_code("export_model"),
+        model=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{stage}}/model",
+        compare=rules.compare.output.csv,
+    output:
+        hub=directory(f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{stage}}/hub"),
+    log:
+        f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/export_model_{{stage}}.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/{{method}}/seed-{{seed}}/export_model_{{stage}}.tsv"
+    wildcard_constraints:
+        stage="|".join(STAGES),
+    conda:
+        "../envs/evaluation.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "python -m dprflow.stages.export_model --model {input.model:q} --compare-csv {input.compare:q}"
+        " --collection {wildcards.collection:q} --out {output.hub:q} > {log:q} 2>&1"

@@ -374,3 +374,42 @@ def test_faiss_export_tells_pyserini_how_to_embed_queries(train_data, tiny_init)
         assert pyserini_hits(queries[qid], settings["pooling"], settings["l2_norm"]) == ours, qid
         wrong += pyserini_hits(queries[qid], "cls", False) != ours
     assert wrong > 0  # pyserini's defaults would not give the row's hits
+
+
+def test_export_model_writes_the_comparison_s_metrics_into_the_card(train_data, tiny_init):  # noqa: F811
+    """After the comparison, hub/ holds the model's files (hard links) and a card whose
+    model-index has the row's metrics from compare.csv; the model folder itself is untouched."""
+    from dprflow.stages import export_model
+
+    extra = dict(max_steps=1, method="cocondenser", role="r2")
+    assert train_retriever.main(argv(train_data, tiny_init, "model", **extra)) == 0
+    folder = train_data / "model"
+    before = (folder / "README.md").read_text()
+    table = pd.DataFrame(
+        {
+            "collection": ["c", "c", "c", "d"],
+            "system": ["cocondenser/r2", "cocondenser/r2", "cocondenser/r1", "cocondenser/r2"],
+            "split": "test",
+            "metric": ["nDCG@10", "RR@10", "nDCG@10", "nDCG@10"],
+            "value": [0.4321, 0.5, 0.1, 0.9],
+            "n_seeds": 2,
+            "n_queries": 25,
+        }
+    )
+    table.to_csv(train_data / "compare.csv", index=False)
+    hub = train_data / "hub"
+    argv_ = ["--model", str(folder), "--compare-csv", str(train_data / "compare.csv"), "--collection", "c"]
+    assert export_model.main([*argv_, "--out", str(hub)]) == 0
+    metadata, card = card_of(hub)
+    results = metadata["model-index"][0]["results"]
+    assert metadata["model-index"][0]["name"] == "cocondenser/r2"
+    assert {m["name"]: m["value"] for r in results for m in r["metrics"]} == {"nDCG@10": 0.4321, "RR@10": 0.5}
+    assert "| c | test | nDCG@10 | 0.4321 | 2 | 25 |" in card and "SentenceTransformer(path)" in card
+    assert (folder / "README.md").read_text() == before
+    assert (hub / "model.safetensors").stat().st_ino == (folder / "model.safetensors").stat().st_ino
+    assert not (hub / "events").exists()
+    model = st.SentenceTransformer(str(hub), device="cpu")
+    np.testing.assert_allclose(
+        model.encode(TEXTS), st.SentenceTransformer(str(folder), device="cpu").encode(TEXTS), atol=1e-6
+    )
+    assert export_model.main([*argv_[:-1], "e", "--out", str(train_data / "none")]) != 0  # no such row

@@ -34,6 +34,7 @@ LIGHT: dict[str, set[str]] = {
         "compare",  # scipy only when a t-test runs
         "evaluate",
         "export_faiss",  # faiss only when the index is written
+        "export_model",
         "ingest",
         "mine_negatives",
         "nb_recall",

@@ -139,6 +139,7 @@ def test_a_second_seed_reruns_the_fine_tuning_pipeline_only(finished_run, tmp_pa
         "evaluate": 4,
         "nb_recall": 1,
         "compare": 1,
+        "export_model": 8,  # the comparison changes: every row's card, both seeds
         "report_results": 1,
         "all": 1,
     }, jobs

@@ -499,6 +499,47 @@ def write_pretrained_encoder_files(out: str | Path, pooling: str, dimension: int
     (Path(out) / CARD_FILE).write_text("\n".join(lines))
 
 
+def comparison_metrics(table: Any, collection: str, row: str) -> list[dict[str, Any]]:
+    """The metrics of ``row`` on ``collection`` in a comparison table (``compare.csv`` as a
+    DataFrame): ``collection``, ``split``, ``metric``, ``value`` (the mean over the row's seeds),
+    ``n_seeds`` and ``n_queries``, as :func:`card_metadata` takes them."""
+    rows = table[(table["collection"] == collection) & (table["system"] == row)]
+    return [
+        {
+            "collection": collection,
+            "split": r.get("split") if isinstance(r.get("split"), str) else None,
+            "metric": r["metric"],
+            "value": float(r["value"]),
+            "n_seeds": int(r["n_seeds"]) if "n_seeds" in r and r["n_seeds"] == r["n_seeds"] else 1,
+            "n_queries": int(r["n_queries"]),
+        }
+        for _, r in rows.iterrows()
+    ]
+
+
+def card_with_metrics(card_text: str, record: dict[str, Any], pipeline_tag: str, tags: list[str], metrics: list[dict[str, Any]]) -> str:
+    """A model card written by :func:`write_model_card` with its front matter rebuilt to hold the
+    ``model-index`` of ``metrics`` and a table of them after the title."""
+    body = card_text.split("\n---\n", 1)[1] if card_text.startswith("---\n") else card_text
+    table = [
+        "",
+        f"## Metrics (row `{row_name(record)}` of `results/compare.csv`)",
+        "",
+        "| collection | split | metric | value | seeds | queries |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {m['collection']} | {m['split']} | {m['metric']} | {m['value']:.4f} | {m['n_seeds']} | {m['n_queries']} |"
+            for m in metrics
+        ),
+        "",
+        "With several seeds the value is the mean over them; this model is one of them (seed "
+        f"{record.get('seed')}).",
+    ]
+    title, _, rest = body.lstrip("\n").partition("\n")
+    front = card_metadata(record, pipeline_tag, tags, metrics).rstrip()
+    return "\n".join(["---", front, "---", "", title, *table, rest])
+
+
 def set_max_length(out: str | Path, max_length: int) -> None:
     """Record ``max_length`` as the saved tokenizer's ``model_max_length``: what a plain
     sequence-classification folder's ``CrossEncoder(path)`` (every version) and
