@@ -145,7 +145,9 @@ rule export_model:
         model=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{stage}}/model",
         compare=rules.compare.output.csv,
     output:
-        hub=directory(f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{stage}}/hub"),
+        hub=directory(
+            f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{stage}}/hub"
+        ),
     log:
         f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/export_model_{{stage}}.log",
     benchmark:

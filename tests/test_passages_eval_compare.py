@@ -173,7 +173,9 @@ def test_comparison_with_the_randomization_test_is_holm_corrected():
     raw = [scipy_randomization(values[s], base, 10000) for s in ("none/r1", "none/r2")]  # exact: 4096
     assert table.loc[["none/r1", "none/r2"], "p_bm25"].tolist() == pytest.approx(holm(raw), abs=1e-12)
     assert table.loc["none/r1", "p_bm25"] < 0.05 < table.loc["none/r2", "p_bm25"]
-    md = to_markdown(table.reset_index(), ["bm25"], ["none"], ["RR@10"], test="randomization", permutations=10000)
+    md = to_markdown(
+        table.reset_index(), ["bm25"], ["none"], ["RR@10"], test="randomization", permutations=10000
+    )
     assert "Fisher randomization test (10000 sign permutations" in md
     with pytest.raises(ValueError, match="allowed: t-test, randomization"):
         build_comparison(per_query, ["bm25"], "wilcoxon")

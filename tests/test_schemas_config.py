@@ -57,7 +57,11 @@ def test_outputs_follow_the_umask(tmp_path, umask, mode):
     """tempfile stages files with mode 0600; the renamed output gets the umask's mode instead."""
     old = os.umask(umask)
     try:
-        write_table(pd.DataFrame({"query_id": ["q"], "doc_id": ["d"], "relevance": [1]}), tmp_path / "q.parquet", "qrels")
+        write_table(
+            pd.DataFrame({"query_id": ["q"], "doc_id": ["d"], "relevance": [1]}),
+            tmp_path / "q.parquet",
+            "qrels",
+        )
         with atomic_path(tmp_path / "run.trec") as tmp:
             tmp.write_text("q Q0 d 1 1.0 x\n")
     finally:

@@ -167,7 +167,9 @@ def test_trained_retriever_is_a_sentence_transformers_model(train_data, tiny_ini
     model = st.SentenceTransformer(str(folder), device="cpu")
     assert model.similarity_fn_name == similarity and model.max_seq_length == 12
     # what the card tells a user to pass
-    texts = [f"{t} [SEP] {x}" if t else x for t, x in passages.loc[ids, ["title", "text"]].itertuples(index=False)]
+    texts = [
+        f"{t} [SEP] {x}" if t else x for t, x in passages.loc[ids, ["title", "text"]].itertuples(index=False)
+    ]
     theirs = model.encode(texts, convert_to_numpy=True)
     assert np.abs(theirs - emb).max() < 1e-5
     assert len(load_tokenizer(folder)(texts[1])["input_ids"]) > 12  # the cut mattered
@@ -198,7 +200,11 @@ def test_trained_reranker_loads_with_cross_encoder(tmp_path, tiny_init, pooling)
         tmp_path / "rr", tokenizer=load_tokenizer(tiny_init), extra=extra
     )
     folder = tmp_path / "rr"
-    queries = ["what lifts aircraft", "hypersonic heat transfer on a flat plate at high mach numbers", "wings"]
+    queries = [
+        "what lifts aircraft",
+        "hypersonic heat transfer on a flat plate at high mach numbers",
+        "wings",
+    ]
     passages = pd.DataFrame(
         {
             "passage_id": ["a", "b", "c"],
@@ -213,7 +219,11 @@ def test_trained_reranker_loads_with_cross_encoder(tmp_path, tiny_init, pooling)
     )
     model = st.CrossEncoder(str(folder), device="cpu")
     assert model.max_seq_length == 16
-    card_pairs = [(q, f"{t} [SEP] {x}" if t else x) for q in queries for t, x in zip(passages["title"], passages["text"], strict=True)]
+    card_pairs = [
+        (q, f"{t} [SEP] {x}" if t else x)
+        for q in queries
+        for t, x in zip(passages["title"], passages["text"], strict=True)
+    ]
     theirs = np.asarray(model.predict(card_pairs))
     assert np.abs(theirs - ours).max() < 1e-5  # raw scores, not their sigmoid
     np.testing.assert_array_equal(
@@ -251,7 +261,12 @@ def test_cards_name_the_hub_model_a_chain_of_folders_started_from(tmp_path):
     assert chain[-1]["hub_id"] == "sentence-transformers/all-MiniLM-L6-v2"
     text = describe_chain(chain)
     assert text.startswith(f"`{corpus}` (dprflow's coCondenser") and "all-MiniLM-L6-v2" in text
-    record = {"init": str(corpus), "queries": "results/c/collection/queries.parquet", "method": "cocondenser", "role": "r2"}
+    record = {
+        "init": str(corpus),
+        "queries": "results/c/collection/queries.parquet",
+        "method": "cocondenser",
+        "role": "r2",
+    }
     metrics = [{"collection": "c", "split": "test", "metric": "nDCG@10", "value": 0.25}]
     meta = yaml.safe_load(card_metadata(record, "sentence-similarity", [], metrics))
     assert meta["base_model"] == "sentence-transformers/all-MiniLM-L6-v2" and meta["datasets"] == ["c"]
@@ -335,11 +350,34 @@ def test_faiss_export_tells_pyserini_how_to_embed_queries(train_data, tiny_init)
     assert train_retriever.main(argv(train_data, tiny_init, "m", **extra)) == 0
     folder, shard = train_data / "m", train_data / "shard.parquet"
     passages = str(train_data / "passages.parquet")
-    assert encode_corpus.main(["--model", str(folder), "--passages", passages, "--out", str(shard), "--max-length", "16"]) == 0
-    out = {name: str(train_data / name) for name in ("run.parquet", "run.trec", "encoder.json", "train.parquet")}
-    argv_ = ["--model", str(folder), "--embeddings", str(shard), "--queries", str(train_data / "queries.parquet")]
+    assert (
+        encode_corpus.main(
+            ["--model", str(folder), "--passages", passages, "--out", str(shard), "--max-length", "16"]
+        )
+        == 0
+    )
+    out = {
+        name: str(train_data / name) for name in ("run.parquet", "run.trec", "encoder.json", "train.parquet")
+    }
+    argv_ = [
+        "--model",
+        str(folder),
+        "--embeddings",
+        str(shard),
+        "--queries",
+        str(train_data / "queries.parquet"),
+    ]
     argv_ += ["--out", out["run.parquet"], "--trec", out["run.trec"], "--encoder-out", out["encoder.json"]]
-    argv_ += ["--train-out", out["train.parquet"], "--eval-split", "train", "--depth", "5", "--max-length", "5"]
+    argv_ += [
+        "--train-out",
+        out["train.parquet"],
+        "--eval-split",
+        "train",
+        "--depth",
+        "5",
+        "--max-length",
+        "5",
+    ]
     assert search_dense.main(argv_) == 0
     faiss_dir = train_data / "faiss"
     argv_ = ["--embeddings", str(shard), "--encoder", out["encoder.json"], "--max-query-length", "5"]
@@ -358,8 +396,14 @@ def test_faiss_export_tells_pyserini_how_to_embed_queries(train_data, tiny_init)
 
     def pyserini_hits(query: str, pooling: str, l2_norm: bool) -> list[str]:
         # AutoQueryEncoder.encode, one query as FaissSearcher.search sends it
-        inputs = tokenizer(query, return_tensors="pt", padding="longest", return_token_type_ids=False,
-                           truncation=True, max_length=settings["max_length"])
+        inputs = tokenizer(
+            query,
+            return_tensors="pt",
+            padding="longest",
+            return_token_type_ids=False,
+            truncation=True,
+            max_length=settings["max_length"],
+        )
         with torch.no_grad():
             outputs = model(**inputs)[0].numpy()
         emb = np.average(outputs, axis=-2) if pooling == "mean" else outputs[:, 0, :]

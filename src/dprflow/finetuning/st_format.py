@@ -455,7 +455,9 @@ def write_model_card(
     (Path(out) / CARD_FILE).write_text("\n".join(card))
 
 
-def write_pretrained_encoder_files(out: str | Path, pooling: str, dimension: int, record: dict[str, Any]) -> None:
+def write_pretrained_encoder_files(
+    out: str | Path, pooling: str, dimension: int, record: dict[str, Any]
+) -> None:
     """Make a pre-training stage's encoder folder a sentence-transformers model in the geometry it
     is used with (``pooling``, the dot product, as the papers fine-tune it: [CLS] for Condenser,
     coCondenser and the MAE methods, the mean of the tokens for Contriever, Contriever section 3),
@@ -491,7 +493,11 @@ def write_pretrained_encoder_files(out: str | Path, pooling: str, dimension: int
         "",
         "embeds as dprflow does. It is a pre-trained encoder, not a retriever: the fine-tuned rows "
         "(`r1`, `r2`, `distill`) are"
-        + (" (Contriever's is also scored as it is, row `contriever/zeroshot`)." if method == "contriever" else "."),
+        + (
+            " (Contriever's is also scored as it is, row `contriever/zeroshot`)."
+            if method == "contriever"
+            else "."
+        ),
         "The pre-training heads (decoder, Condenser head, momentum encoder) are in the subfolder beside "
         "the weights; `AutoModel.from_pretrained(path)` loads the encoder alone.",
         "",
@@ -517,7 +523,9 @@ def comparison_metrics(table: Any, collection: str, row: str) -> list[dict[str, 
     ]
 
 
-def card_with_metrics(card_text: str, record: dict[str, Any], pipeline_tag: str, tags: list[str], metrics: list[dict[str, Any]]) -> str:
+def card_with_metrics(
+    card_text: str, record: dict[str, Any], pipeline_tag: str, tags: list[str], metrics: list[dict[str, Any]]
+) -> str:
     """A model card written by :func:`write_model_card` with its front matter rebuilt to hold the
     ``model-index`` of ``metrics`` and a table of them after the title."""
     body = card_text.split("\n---\n", 1)[1] if card_text.startswith("---\n") else card_text

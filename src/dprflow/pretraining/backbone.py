@@ -141,7 +141,9 @@ def save_with_extras(
     save_file(
         {k: v.detach().contiguous() for k, v in state.items()}, folder / EXTRAS_WEIGHTS, {"format": "pt"}
     )
-    st_format.write_pretrained_encoder_files(out, pooling, backbone.config.hidden_size, record.get("extra") or {})
+    st_format.write_pretrained_encoder_files(
+        out, pooling, backbone.config.hidden_size, record.get("extra") or {}
+    )
     record = {**record, "tied_decoder_weight": tied_weight}
     (folder / config_name).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
 

@@ -47,7 +47,8 @@ class Args:
         metadata={"help": "paired test over queries", "choices": list(SIGNIFICANCE_TESTS)},
     )
     permutations: int = field(
-        default=10000, metadata={"help": "randomization test: random sign assignments (exact when 2^n is fewer)"}
+        default=10000,
+        metadata={"help": "randomization test: random sign assignments (exact when 2^n is fewer)"},
     )
     permutation_seed: int = field(default=0, metadata={"help": "randomization test: seed of the assignments"})
     splits: list[str] = field(
@@ -112,7 +113,9 @@ def compare(args: Args) -> None:
     references = [args.baseline] + [s for s in ("none/zeroshot",) if s != args.baseline]
     if args.permutations < 1:
         raise StageError(f"--permutations must be >= 1, got {args.permutations}")
-    table = build_comparison(per_query, references, args.significance, args.permutations, args.permutation_seed)
+    table = build_comparison(
+        per_query, references, args.significance, args.permutations, args.permutation_seed
+    )
     table = table[table["metric"].isin(args.metrics)].copy()
     splits = parse_pairs(args.splits, "--splits")
     if splits:

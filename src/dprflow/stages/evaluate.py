@@ -37,7 +37,8 @@ class Args:
     split: str = field(metadata={"help": "the query split to score"})
     out: str = field(metadata={"help": "metrics.parquet to write"})
     doc_run: str | None = field(
-        default=None, metadata={"help": "TREC file of the MaxP document run of the scored queries to write too"}
+        default=None,
+        metadata={"help": "TREC file of the MaxP document run of the scored queries to write too"},
     )
     tag: str = field(default="dprflow-maxp", metadata={"help": "run tag of --doc-run"})
     metrics: list[str] = field(
@@ -58,7 +59,9 @@ def evaluate(args: Args) -> None:
     qrels = read_table(args.qrels, "qrels")
     if args.doc_run:
         scored = set(judged_qrels(qrels, ids)["query_id"])
-        write_trec_run(rank_doc_run(doc_run[doc_run["query_id"].isin(scored)]), args.doc_run, "doc_id", args.tag)
+        write_trec_run(
+            rank_doc_run(doc_run[doc_run["query_id"].isin(scored)]), args.doc_run, "doc_id", args.tag
+        )
     per_query = evaluate_run(doc_run, qrels, ids, args.metrics)
     if per_query.empty:
         raise StageError(f"{args.qrels}: no query of split {args.split!r} has a relevant judgment")

@@ -32,7 +32,9 @@ class Args:
     """Write a pyserini FaissSearcher folder from embedding shards, with its query encoder's settings."""
 
     embeddings: list[str] = field(metadata={"help": "the corpus shards, all of them"})
-    encoder: str = field(metadata={"help": "the row's encoder.json (model, pooling, similarity; search_dense)"})
+    encoder: str = field(
+        metadata={"help": "the row's encoder.json (model, pooling, similarity; search_dense)"}
+    )
     max_query_length: int = field(metadata={"help": "query tokens, as the row's search cut them"})
     out: str = field(metadata={"help": "folder to write (index, docid, query_encoder.json, README.md)"})
 
@@ -90,9 +92,17 @@ def readme(settings: dict) -> str:
             "```",
             "",
             "The paths are relative to the folder the workflow ran in"
-            + (f" (the model is `{settings['hub_id']}` on the Hugging Face hub)." if settings["hub_id"] else ".")
+            + (
+                f" (the model is `{settings['hub_id']}` on the Hugging Face hub)."
+                if settings["hub_id"]
+                else "."
+            )
             + " Given only the model path, `AutoQueryEncoder` takes [CLS] pooling without normalisation"
-            + (": wrong for this index." if settings["pooling"] != "cls" or settings["l2_norm"] else ", which is this index's geometry."),
+            + (
+                ": wrong for this index."
+                if settings["pooling"] != "cls" or settings["l2_norm"]
+                else ", which is this index's geometry."
+            ),
             "",
         ]
     )
@@ -103,7 +113,9 @@ def export(args: Args) -> None:
         encoder = json.loads(Path(args.encoder).read_text())
         settings = query_encoder_settings(encoder, args.max_query_length)
     except (OSError, json.JSONDecodeError, KeyError) as exc:
-        raise StageError(f"{args.encoder}: expected search_dense's encoder.json with model, pooling, similarity ({exc})") from exc
+        raise StageError(
+            f"{args.encoder}: expected search_dense's encoder.json with model, pooling, similarity ({exc})"
+        ) from exc
     index = FlatIndex.from_files(args.embeddings)
     extra = {SETTINGS_FILE: json.dumps(settings, indent=2) + "\n", "README.md": readme(settings)}
     write_faiss_index(index, args.out, extra)

@@ -22,7 +22,13 @@ import pandas as pd
 
 from dprflow.cli import StageError, run_stage
 from dprflow.data.schemas import umask_mode
-from dprflow.finetuning.st_format import CARD_FILE, TRAINING_ARGS_FILE, card_with_metrics, comparison_metrics, row_name
+from dprflow.finetuning.st_format import (
+    CARD_FILE,
+    TRAINING_ARGS_FILE,
+    card_with_metrics,
+    comparison_metrics,
+    row_name,
+)
 
 log = logging.getLogger("dprflow.export_model")
 
@@ -63,7 +69,11 @@ def export(args: Args) -> None:
     metrics = comparison_metrics(table, args.collection, row_name(record))
     if not metrics:
         raise StageError(f"{args.compare_csv}: no row {row_name(record)!r} on collection {args.collection!r}")
-    pipeline, tags = ("text-ranking", ["cross-encoder", "reranker"]) if reranker else ("sentence-similarity", ["dense-retrieval"])
+    pipeline, tags = (
+        ("text-ranking", ["cross-encoder", "reranker"])
+        if reranker
+        else ("sentence-similarity", ["dense-retrieval"])
+    )
     card = card_with_metrics((model / CARD_FILE).read_text(), record, pipeline, tags, metrics)
     out = Path(args.out)
     tmp = out.parent / f".{out.name}.tmp"

@@ -36,7 +36,13 @@ def export(args: Args) -> None:
     if qrels.empty:
         raise StageError(f"{args.qrels}: no query of split {args.split!r} has a relevant judgment")
     write_trec_qrels(qrels.sort_values(["query_id", "doc_id"], kind="stable"), args.out)
-    log.info("%d judgments of %d queries (split %s) in %s", len(qrels), qrels["query_id"].nunique(), args.split, args.out)
+    log.info(
+        "%d judgments of %d queries (split %s) in %s",
+        len(qrels),
+        qrels["query_id"].nunique(),
+        args.split,
+        args.out,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
