@@ -403,3 +403,13 @@ def test_compare_stage_takes_the_randomization_test(tmp_path):
     assert row["p_bm25"] == pytest.approx(0.125)
     assert "Fisher randomization test" in (results / "compare.md").read_text()
     assert compare.main([*argv, "--permutations", "0"]) != 0
+
+
+def test_trec_qrels_refuses_a_split_without_judged_queries(tmp_path, capsys):
+    from dprflow.stages import trec_qrels
+
+    trec_fixture(tmp_path)
+    argv = ["--queries", str(tmp_path / "queries.parquet"), "--qrels", str(tmp_path / "qrels.parquet")]
+    assert trec_qrels.main([*argv, "--split", "dev", "--out", str(tmp_path / "q.trec")]) == 1
+    assert "no query of split 'dev' has a relevant judgment" in capsys.readouterr().err
+    assert not (tmp_path / "q.trec").exists()
