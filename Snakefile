@@ -45,7 +45,9 @@ include: "rules/report.smk"
 localrules:
     all,
     evaluate,
+    trec_qrels,
     compare,
+    export_model,
     nb_recall,
     mine_negatives,
     pmi,
@@ -57,6 +59,8 @@ rule all:
     default_target: True
     input:
         rules.compare.output,
+        trec_qrels_files(),
+        hub_folders(),
         nb_recall_files(),
         faiss_index_dirs(),
         rules.report_results.output,

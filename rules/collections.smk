@@ -60,6 +60,30 @@ rule ingest:
         "python -m dprflow.stages.ingest {params.flags} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
+rule trec_qrels:
+    input:
+        code=stage_code("trec_qrels"),
+        queries=rules.ingest.output.queries,
+        qrels=rules.ingest.output.qrels,
+    output:
+        trec=f"{RESULTS}/{{collection}}/collection/qrels.{{split}}.trec",
+    log:
+        f"{LOGS}/{{collection}}/trec_qrels/{{split}}.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/trec_qrels/{{split}}.tsv"
+    wildcard_constraints:
+        split="[A-Za-z0-9_-]+",
+    conda:
+        "../envs/evaluation.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "python -m dprflow.stages.trec_qrels --queries {input.queries:q} --qrels {input.qrels:q}"
+        " --split {wildcards.split:q} --out {output.trec:q} > {log:q} 2>&1"
+
+
 rule split_passages:
     input:
         code=stage_code("split_passages"),

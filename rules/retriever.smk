@@ -315,6 +315,7 @@ rule export_faiss:
     input:
         code=stage_code("export_faiss"),
         embeddings=embedding_shards,
+        encoder=rules.search_dense.output.encoder,
     output:
         index=directory(f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/faiss"),
     log:
@@ -327,8 +328,11 @@ rule export_faiss:
     resources:
         mem_mb=search_mem_mb,
         runtime=search_runtime,
+    params:
+        max_query_length=FT["max_query_length"],
     shell:
         "python -m dprflow.stages.export_faiss --embeddings {input.embeddings:q}"
+        " --encoder {input.encoder:q} --max-query-length {params.max_query_length:q}"
         " --out {output.index:q} > {log:q} 2>&1"
 
 

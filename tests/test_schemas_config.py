@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pandas as pd
@@ -48,6 +50,24 @@ def test_atomic_path_leaves_nothing_on_failure(tmp_path):
         tmp.write_text("half")
         raise RuntimeError("boom")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_outputs_follow_the_umask(tmp_path, umask, mode):
+    """tempfile stages files with mode 0600; the renamed output gets the umask's mode instead."""
+    old = os.umask(umask)
+    try:
+        write_table(
+            pd.DataFrame({"query_id": ["q"], "doc_id": ["d"], "relevance": [1]}),
+            tmp_path / "q.parquet",
+            "qrels",
+        )
+        with atomic_path(tmp_path / "run.trec") as tmp:
+            tmp.write_text("q Q0 d 1 1.0 x\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "q.parquet").stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "run.trec").stat().st_mode) == mode
 
 
 def test_default_config_is_valid_and_gets_defaults():
