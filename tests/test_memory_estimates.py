@@ -31,6 +31,7 @@ from dprflow.training.memory import (
     MB,
     EncoderShape,
     StepMemory,
+    activation_bytes,
     bytes_per_value,
     check_training_memory,
     estimate_step_bytes,
@@ -81,8 +82,10 @@ def test_each_pretraining_step_counts_its_methods_extra_costs(tmp_path):
     head = estimate_step_bytes(BERT_BASE, step) - estimate_step_bytes(
         BERT_BASE, StepMemory(step.sequences, masked_tokens=step.masked_tokens)
     )
-    # Two more layers of activations beside 12 (2 / 14 of the step), and their weights.
-    assert 2 / 14 - 0.01 < head / estimate_step_bytes(BERT_BASE, step) < 2 / 14 + 0.01
+    # Two more layers of activations over every sequence, and their weights with AdamW's state.
+    two_layers = 256 * activation_bytes(BERT_BASE, 512, 4, layers=2)
+    assert head == two_layers + 16 * step.extra_params
+    assert 6 * two_layers == 256 * activation_bytes(BERT_BASE, 512, 4)  # 2 of the encoder's 12
 
     argv = generic_argv(tmp_path, "x", passages="p", batch_size=2048, span_max=128)
     whole = pretrain_corpus.step_memory(stage(pretrain_corpus, argv), BERT_BASE, world=1)
