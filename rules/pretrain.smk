@@ -199,6 +199,7 @@ def mae_flags(wildcards, phase):
                 "context",
                 "directions",
                 "batch_size",
+                "chunk_size",
                 "learning_rate",
                 "weight_decay",
                 "warmup_ratio",
@@ -295,7 +296,7 @@ rule pretrain_generic:
         checkpoints=f"{RESULTS}/pretrain/condenser/generic/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.pretrain_generic --init {params.init:q} --out {output.model:q}"
-        " --checkpoint-dir {params.checkpoints:q} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
+        " --checkpoint-dir {params.checkpoints:q} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
 
 
 rule pretrain_corpus:
@@ -328,7 +329,7 @@ rule pretrain_corpus:
     shell:
         "{params.launch} -m dprflow.stages.pretrain_corpus --init {params.init:q} --passages {input.passages:q}"
         " --out {output.model:q} --checkpoint-dir {params.checkpoints:q} {params.flags}"
-        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
+        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
 
 
 rule pretrain_contriever:
@@ -360,7 +361,7 @@ rule pretrain_contriever:
     shell:
         "{params.launch} -m dprflow.stages.pretrain_contriever --init {params.init:q}"
         " --out {output.model:q} --checkpoint-dir {params.checkpoints:q}"
-        " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
+        " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
 
 
 # Masked auto-encoders (BMAE, CDMAE, CoT-MAE): n-gram statistics for CDMAE's importance-aware
@@ -444,7 +445,7 @@ rule pretrain_mae_generic:
     shell:
         "{params.launch} -m dprflow.stages.pretrain_mae --variant {wildcards.mae:q} --init {params.init:q}"
         " --out {output.model:q} --checkpoint-dir {params.checkpoints:q} {params.flags}"
-        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
+        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
 
 
 rule pretrain_mae_corpus:
@@ -478,4 +479,4 @@ rule pretrain_mae_corpus:
     shell:
         "{params.launch} -m dprflow.stages.pretrain_mae --variant {params.variant:q} --init {params.init:q}"
         " --corpus passages --corpus-path {input.passages:q} --out {output.model:q}"
-        " --checkpoint-dir {params.checkpoints:q} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
+        " --checkpoint-dir {params.checkpoints:q} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"

@@ -33,6 +33,7 @@ def reranker_flags(wildcards):
         + f"--method {q(wildcards.method)}"
         + optim_flags(r)
         + f" --max-length {q(r['max_length'])} --head-learning-rate {q(r['head_learning_rate'])}"
+        + f" --chunk-size {q(r['chunk_size'])}"
         + f" --seed {q(wildcards.seed)}"
         + f" {training_flags()}"
     )

@@ -45,10 +45,6 @@ class GroupTrainingArgs(OptimArgs):
     group_size: int = field(default=4, metadata={"help": "passages per query (1 positive)"})
     batch_size: int = field(default=8, metadata={"help": "queries per step (all processes)"})
     learning_rate: float = field(default=2e-5, metadata={"help": "AdamW peak learning rate"})
-    mem_mb: int = field(
-        default=0,
-        metadata={"help": "memory the job was given in MB (the rule's resources.mem_mb; 0: the machine's)"},
-    )
 
 
 @dataclass

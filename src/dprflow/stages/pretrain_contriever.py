@@ -33,6 +33,15 @@ from dprflow.pretraining.contriever.data import PAIR_MODES, PairMaker, first_tok
 from dprflow.pretraining.contriever.model import NEGATIVE_MODES, Contriever, ContrieverConfig
 from dprflow.pretraining.corpus import GENERIC_SOURCES, read_generic_documents, read_passages_documents
 from dprflow.training import distributed
+from dprflow.training.memory import (
+    EncoderShape,
+    StepMemory,
+    check_training_memory,
+    contrastive_cache_bytes,
+    encoder_shape,
+    per_process,
+    world_size,
+)
 from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
 
 log = logging.getLogger("dprflow.pretrain_contriever")
@@ -123,9 +132,42 @@ class Args(OptimArgs):
             )
 
 
+# The config keys that change a step's memory, named when it does not fit.
+MEMORY_KEYS = [
+    "pretrain.contriever.batch_size",
+    "pretrain.contriever.max_doc_tokens",
+    "pretrain.contriever.queue_size",
+]
+
+
+def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> StepMemory:
+    """What a step of one process holds: with MoCo its query views through the encoder, the key
+    encoder (a copy of the weights, no gradient, §3.1.3), the queue of keys and the scores
+    against it; in-batch, both views through the encoder and the scores against the keys of
+    every process. Views are taken at their longest, ``max_doc_tokens`` and [CLS], [SEP]."""
+    world = world_size() if world is None else world
+    rows = per_process(args.batch_size, world, args.gradient_accumulation_steps)
+    length = args.max_doc_tokens + 2
+    if args.negatives == "moco":
+        queue = args.queue_size * shape.hidden_size * 4
+        return StepMemory(
+            ((rows, length),),
+            frozen_params=shape.params,
+            buffer_bytes=queue + contrastive_cache_bytes(rows, 1 + args.queue_size, shape.hidden_size),
+            checkpointing=args.gradient_checkpointing,
+        )
+    return StepMemory(
+        ((2 * rows, length),),
+        buffer_bytes=contrastive_cache_bytes(rows, rows * world, shape.hidden_size),
+        checkpointing=args.gradient_checkpointing,
+    )
+
+
 def pretrain(args: Args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
+    shape = encoder_shape(args.init)
+    check_training_memory(shape, step_memory(args, shape), args.mem_mb, MEMORY_KEYS, args.precision)
     tokenizer = load_tokenizer(args.init)
     min_tokens = 1 if args.documents == "stream" else MIN_DOC_TOKENS
     if args.corpus:
@@ -143,14 +185,16 @@ def pretrain(args: Args) -> None:
     if len(docs) < args.batch_size and args.documents == "stream":
         raise StageError(
             f"{source}: its {counts['stream_tokens']} tokens make {len(docs)} documents of "
-            f"{args.max_doc_tokens} tokens, fewer than one batch of {args.batch_size}; lower "
-            "--batch-size or --max-doc-tokens, or add documents"
+            f"{args.max_doc_tokens} tokens, fewer than one batch of {args.batch_size} "
+            "(pretrain.contriever.batch_size); lower pretrain.contriever.batch_size or "
+            "pretrain.contriever.max_doc_tokens, or add documents"
         )
     if len(docs) < args.batch_size:
         raise StageError(
             f"{source}: {len(docs)} documents of at least {MIN_DOC_TOKENS} tokens "
             f"({counts['documents_too_short_skipped']} too short skipped) are fewer than one batch of "
-            f"{args.batch_size}; lower --batch-size or add documents"
+            f"{args.batch_size} (pretrain.contriever.batch_size); lower pretrain.contriever.batch_size "
+            "or add documents"
         )
     maker = PairMaker.from_tokenizer(
         tokenizer,

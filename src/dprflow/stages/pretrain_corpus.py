@@ -17,16 +17,28 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from dprflow.cli import run_stage
+from dprflow.cli import StageError, run_stage
 from dprflow.model_init import load_tokenizer
+from dprflow.pretraining.backbone import read_saved_record
 from dprflow.pretraining.condenser.data import SPAN_SAMPLERS, mlm_batch, pair_batch
-from dprflow.pretraining.condenser.model import Condenser, CondenserConfig
+from dprflow.pretraining.condenser.model import HEAD_CONFIG, HEAD_DIR, Condenser, CondenserConfig
 from dprflow.pretraining.corpus import read_passages_documents
 from dprflow.pretraining.masking import WHOLE_WORD_COUNTS
 from dprflow.pretraining.query_as_context import pairs as query_context
+from dprflow.training.memory import (
+    EncoderShape,
+    StepMemory,
+    check_training_memory,
+    contrastive_cache_bytes,
+    encoder_shape,
+    masked_per_row,
+    per_process,
+    world_size,
+)
 from dprflow.training.steps import cocondenser_step
 from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
 
@@ -98,11 +110,54 @@ def training_items(args: Args, tokenizer) -> tuple[list, dict[str, int]]:
     return read_passages_documents(args.passages, tokenizer, args.span_min)
 
 
+# The config keys that change a step's memory, named when it does not fit.
+MEMORY_KEYS = ["pretrain.cocondenser.batch_size", "pretrain.cocondenser.span_max"]
+CHUNK_KEY = "pretrain.cocondenser.chunk_size"
+
+
+def head_layers(init: str) -> int:
+    """The head layers of the stage-one Condenser ``init`` (its saved config; 2, Condenser 4.1,
+    when ``init`` is not a local Condenser folder yet, as in a dry run)."""
+    record = Path(init) / HEAD_DIR / HEAD_CONFIG
+    if not record.is_file():
+        return CondenserConfig().n_head_layers
+    return int(read_saved_record(record.parent, HEAD_CONFIG, "Condenser")["condenser"]["n_head_layers"])
+
+
+def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> StepMemory:
+    """What a step of one process holds: its spans (two per document; with ``--queries`` a passage
+    and a query) through backbone and head, or with the gradient cache one chunk of them, the
+    logits of both MLM losses, and the late-[CLS] vectors, scores and cached gradients of eq. 6
+    (each span against the 2n spans of every process)."""
+    world = world_size() if world is None else world
+    n_head_layers = head_layers(args.init)
+    spans = per_process(2 * args.batch_size, world, args.gradient_accumulation_steps)
+    rows = per_process(2 * args.batch_size, world, args.gradient_accumulation_steps, args.chunk_size)
+    tokens = max(args.max_passage_tokens, args.max_query_tokens) if args.queries else args.span_max
+    return StepMemory(
+        ((rows, tokens + 2),),
+        extra_layers=((rows, tokens + 2, n_head_layers),),
+        masked_tokens=2 * rows * masked_per_row(args.mlm_probability, tokens),
+        extra_params=n_head_layers * shape.layer_params + shape.mlm_head_params,
+        buffer_bytes=contrastive_cache_bytes(spans, spans * world, shape.hidden_size),
+        checkpointing=args.gradient_checkpointing,
+    )
+
+
 def pretrain(args: Args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
+    shape = encoder_shape(args.init)
+    step = step_memory(args, shape)
+    check_training_memory(shape, step, args.mem_mb, MEMORY_KEYS, args.precision, chunk_key=CHUNK_KEY)
     tokenizer = load_tokenizer(args.init)
     docs, counts = training_items(args, tokenizer)
+    if len(docs) < args.batch_size:
+        raise StageError(
+            f"{args.passages}: {len(docs)} {'passages with queries' if args.queries else 'documents'} "
+            f"are fewer than one batch of {args.batch_size} (pretrain.cocondenser.batch_size); lower "
+            "pretrain.cocondenser.batch_size, or pre-train on a larger corpus (pretrain.cocondenser.corpus)"
+        )
     set_seed(args.seed)
     weight = 0.0 if args.contrastive_only else 1.0
     config = CondenserConfig(head_weight=weight, backbone_weight=weight, temperature=args.temperature)

@@ -10,6 +10,7 @@ mean (eq. 7). With one process every helper is the identity and nothing changes.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 
 import torch
@@ -191,3 +192,49 @@ def _as_loss_dict(out: torch.Tensor | Mapping[str, torch.Tensor]) -> dict[str, t
     if hasattr(out, "_asdict"):  # a NamedTuple such as DistillationLoss
         return dict(out._asdict())
     return dict(out)
+
+
+def share_chunks_step(
+    model: nn.Module,
+    batch: Mapping[str, torch.Tensor],
+    chunk_rows: int,
+    units: Callable[[Mapping[str, torch.Tensor]], Mapping[str, int]],
+    chunk_loss: Callable[
+        [nn.Module, Mapping[str, torch.Tensor], Mapping[str, float]], Mapping[str, torch.Tensor]
+    ],
+    backward_fn: Callable[[torch.Tensor], None],
+) -> dict[str, torch.Tensor]:
+    """Back-propagate a loss made of means over units (masked tokens, queries) in sub-batches of
+    ``chunk_rows`` rows, each term of a sub-batch weighted by its share of the batch's units, so
+    the accumulated gradient is that of the whole batch's loss (0: the whole batch at once).
+
+    Unlike the trainer's gradient accumulation, whose micro-batches each take their own mean (a
+    token mean per micro-batch), the batch's means are kept exactly: for a mean over a batch's
+    ``N`` units, ``sum_c (n_c / N) mean_c = mean``. This suits losses with no term coupling the
+    rows of a batch (an MAE's two MLM losses, CDMAE eq. 9; a reranker's list-wise loss over each
+    query's own group); a contrastive loss needs the gradient cache instead.
+
+    Args:
+        units: ``units(chunk)``, each term's units in a chunk (``{"enc_mlm": masked tokens}``).
+        chunk_loss: ``chunk_loss(model, chunk, shares) -> {"loss": ..., term: ...}``: the chunk's
+            loss with each term's mean multiplied by ``shares[term]`` (its share of the batch's
+            units); the other values returned are summed over the chunks (the batch's terms).
+        backward_fn: called once per chunk on its ``loss`` (fp16 loss scaling).
+    Returns:
+        The sums over the chunks, detached: the batch's loss and terms.
+    """
+    rows = len(next(iter(batch.values())))
+    chunks = split_batch(dict(batch), chunk_rows) if chunk_rows and chunk_rows < rows else [dict(batch)]
+    counts = [units(chunk) for chunk in chunks]
+    totals = {term: sum(c[term] for c in counts) for term in counts[0]}
+    sums: dict[str, torch.Tensor] = {}
+    no_sync = getattr(model, "no_sync", None)  # DDP: all-reduce once, in the last chunk's backward
+    for index, (chunk, count) in enumerate(zip(chunks, counts, strict=True)):
+        shares = {term: count[term] / max(totals[term], 1) for term in totals}
+        last = index == len(chunks) - 1
+        with contextlib.nullcontext() if (no_sync is None or last) else no_sync():
+            out = chunk_loss(model, chunk, shares)
+            backward_fn(out["loss"])
+        for name, value in out.items():
+            sums[name] = sums[name] + value.detach() if name in sums else value.detach()
+    return sums

@@ -140,6 +140,10 @@ class OptimArgs:
         default=0, metadata={"help": "DataLoader processes building the batches (0: the training process)"}
     )
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)"})
+    mem_mb: int = field(
+        default=0,
+        metadata={"help": "memory the job was given in MB (the rule's resources.mem_mb; 0: the machine's)"},
+    )
 
 
 def set_seed(seed: int) -> None:
