@@ -33,7 +33,9 @@ MUTATIONS = [
     ("msmarco-cocondenser", "finetune.reranker.depth", 50, ["cocondenser reranker / depth"]),
     ("msmarco-cocondenser", "bm25.negatives_depth", 10, ["cocondenser retriever 1 / bm25_depth"]),
     ("msmarco-cocondenser", "finetune.distill.candidates", 20, ["cocondenser distillation / candidates"]),
-    ("msmarco-cocondenser", "finetune.max_passage_length", 32, ["cocondenser retriever 1 / max_passage_length"]),
+    # 256, not the 32: below passages.max_tokens (144) the DAG build refuses it before any
+    # figure is derived (tests/test_robustness.py, passages longer than the encoder reads).
+    ("msmarco-cocondenser", "finetune.max_passage_length", 256, ["cocondenser retriever 1 / max_passage_length"]),
     ("msmarco-cdmae", "pretrain.mae.sigma", 5.0, ["cdmae corpus stage / sigma"]),
     ("msmarco-cdmae", "pretrain.pmi.max_n", 2, ["pmi / max_n"]),
     ("msmarco-cdmae", "pretrain.mae.corpus.stop_at_step", 0, ["cdmae corpus stage / optimizer_steps"]),
