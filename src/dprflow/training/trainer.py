@@ -12,7 +12,8 @@ generator seeded by ``(seed, global step)``. A checkpoint holds the model, the o
 schedule, the step and the torch random state (dropout), written every ``checkpoint_every``
 steps to a folder that Snakemake does not manage (so it survives a failed job). A rerun that
 finds a checkpoint made with the same arguments and the same input contents (the SHA-256 of every
-input file or folder, as :mod:`dprflow.provenance` computes them) resumes at its step and, on the
+input file or folder, as :mod:`dprflow.provenance` computes them) and the same code (the
+``dprflow`` sources it had imported, :func:`~dprflow.training.store.code_record`) resumes at its step and, on the
 CPU, ends with the same weights as a run that was never interrupted. A checkpoint made with other
 arguments or from other data (a negatives file rewritten at the same path) is ignored, and the log
 names what differs; it is never resumed.
@@ -52,6 +53,15 @@ from dprflow.precision import autocast as precision_autocast
 from dprflow.progress import format_seconds
 from dprflow.training import distributed
 from dprflow.training.batches import StepBatches, count_tokens, split_rows, step_loader
+from dprflow.training.store import (
+    CODE_FILE,
+    FINISHED_DIR,
+    IDENTITY_FILE,
+    FinishedStore,
+    code_changes,
+    code_record,
+    read_code,
+)
 from dprflow.training.tracking import EVENTS_DIR, EventLog
 
 log = logging.getLogger(__name__)
@@ -59,13 +69,6 @@ log = logging.getLogger(__name__)
 CHECKPOINT_PREFIX = "step-"
 # Tests set this to a step number to have the process killed (SIGKILL) right after that step.
 KILL_ENV = "DPRFLOW_KILL_AFTER_STEP"
-# Beside COMPLETE: the identity's parts (arguments, input hashes), so a mismatch can say what changed.
-IDENTITY_FILE = "identity.json"
-# In the checkpoint folder, once a stage has succeeded: its final model folder (hard links, so no
-# second copy on disk) with the identity it was trained under. A rerun of the stage with the same
-# arguments and input contents (Snakemake reruns a job whose inputs were rewritten, e.g. after
-# `finetune.encode_shards` changed) puts it back instead of training again.
-FINISHED_DIR = "finished"
 
 
 @dataclass
@@ -241,6 +244,7 @@ class Trainer:
         optim = {k: v for k, v in asdict(args).items() if k != "checkpoint_every"}
         self.identity_payload = {"identity": identity, "args": optim, "world": self.dist.world_size}
         self.identity = fingerprint(self.identity_payload)
+        self.store = FinishedStore(self.checkpoint_dir / FINISHED_DIR, self.identity, self.identity_payload)
         if args.batch_size % self.dist.world_size:
             raise ValueError(
                 f"batch_size {args.batch_size} is not divisible by {self.dist.world_size} processes"
@@ -305,8 +309,9 @@ class Trainer:
             self.save_fn(self.model, tmp / "model")
             torch.save(state, tmp / "trainer_state.pt")
             (tmp / IDENTITY_FILE).write_text(json.dumps(self.identity_payload, sort_keys=True, default=str))
+            (tmp / CODE_FILE).write_text(json.dumps(code_record(), indent=1))
             (tmp / "COMPLETE").write_text(self.identity)
-        except (OSError, RuntimeError) as exc:
+        except Exception as exc:
             full = disk_full_error(exc, tmp / "trainer_state.pt", state_bytes(state))
             shutil.rmtree(tmp, ignore_errors=True)
             if full is None:
@@ -329,6 +334,16 @@ class Trainer:
                 "ignoring checkpoint %s: it was made with other arguments or data (%s); training from step 0",
                 ckpt,
                 self._identity_difference(ckpt),
+            )
+            return 0
+        changed = code_changes(read_code(ckpt))
+        if changed:
+            # Steps of other code followed by steps of this code give a model no clean run gives.
+            log.warning(
+                "ignoring checkpoint %s: the code that trains changed since it was written (%s); "
+                "training from step 0",
+                ckpt,
+                ", ".join(changed[:8]),
             )
             return 0
         try:
@@ -513,9 +528,8 @@ class Trainer:
             raise full from exc
         os.replace(tmp, path)
 
-    def finish(self) -> None:
-        """Remove the checkpoints once the final model is written (the job succeeded); the
-        finished model's links (:data:`FINISHED_DIR`) stay."""
+    def remove_checkpoints(self) -> None:
+        """Remove the checkpoints and the running logs (the finished store stays)."""
         if self.dist.is_main and self.checkpoint_dir.is_dir():
             for path in self.checkpoint_dir.iterdir():
                 if path.name == FINISHED_DIR:
@@ -524,62 +538,35 @@ class Trainer:
                     shutil.rmtree(path, ignore_errors=True)
                 else:
                     path.unlink(missing_ok=True)
+
+    def finish(self) -> None:
+        """Remove the checkpoints once the final model is written (the job succeeded); the
+        finished store (:mod:`dprflow.training.store`) stays."""
+        self.remove_checkpoints()
         distributed.cleanup()
 
     def reuse_finished(self, out: Path) -> bool:
-        """Put back the model this stage finished with the same identity (arguments and input
-        contents) as ``out``, instead of training again; ``False`` when there is none."""
-        finished = self.checkpoint_dir / FINISHED_DIR
-        if not (finished / "COMPLETE").is_file():
+        """Put back the model this stage finished with the same identity, code and stored bytes
+        (:class:`~dprflow.training.store.FinishedStore`) as ``out``, instead of training again;
+        ``False`` when there is none or it may not be reused (the log says why)."""
+        if not self.store.exists():
             return False
-        if (finished / "COMPLETE").read_text() != self.identity:
-            log.info(
-                "not reusing the finished model in %s: it was made with other arguments or data (%s)",
-                finished,
-                self._identity_difference(finished),
-            )
+        reason = self.store.why_not(self._identity_difference)
+        if reason is not None:
+            log.info("not reusing the finished model in %s: %s", self.store.folder, reason)
             return False
         if self.dist.is_main:
-            tmp = out.parent / f".{out.name}.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(finished / "model", tmp, copy_function=link_or_copy)
-            shutil.rmtree(out, ignore_errors=True)
-            tmp.rename(out)
+            self.store.put_back(out, self.model_bytes())
         log.info(
-            "reused the model this stage finished with the same arguments and input contents (%s): "
+            "reused the model this stage finished with the same arguments, input contents and code (%s): "
             "no training; delete %s to train again",
-            finished,
-            finished,
+            self.store.folder,
+            self.store.folder,
         )
         return True
 
-    def keep_finished(self, out: Path) -> None:
-        """Link the final model folder ``out`` into the checkpoint folder with this run's identity."""
-        if not self.dist.is_main:
-            return
-        finished = self.checkpoint_dir / FINISHED_DIR
-        tmp = self.checkpoint_dir / f".{FINISHED_DIR}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(finished, ignore_errors=True)
-        try:
-            tmp.mkdir(parents=True)
-            shutil.copytree(out, tmp / "model", copy_function=link_or_copy)
-            (tmp / IDENTITY_FILE).write_text(json.dumps(self.identity_payload, indent=1, default=str))
-            (tmp / "COMPLETE").write_text(self.identity)
-            tmp.rename(finished)
-        except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            log.warning(
-                "could not keep the finished model in %s (%s): a rerun will train again", finished, exc
-            )
-
-
-def link_or_copy(src: str, dst: str) -> None:
-    """A hard link where the file system allows one, else a copy."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+    def model_bytes(self) -> int:
+        return state_bytes(self.model.state_dict())
 
 
 def state_bytes(state: Any) -> int:
@@ -642,8 +629,8 @@ def train_and_save(
 ) -> None:
     """Train with checkpoints in ``stage_args.checkpoint_dir``, then write the final model folder
     ``stage_args.out`` atomically (model, tokenizer, ``training_args.json``, ``train_log.csv``)
-    and remove the checkpoints, keeping links to the final model (:data:`FINISHED_DIR`): a rerun
-    with the same arguments and input contents puts it back without training.
+    and remove the checkpoints, keeping a copy of the final model (:mod:`dprflow.training.store`):
+    a rerun with the same arguments, input contents and code puts it back without training.
     ``model_class.from_pretrained`` reloads a checkpoint's model."""
     record = {k: v for k, v in asdict(stage_args).items() if k != "threads"}
     record.update(extra_record)
@@ -675,24 +662,20 @@ def train_and_save(
         return
     log_path = checkpoint_dir / "train_log.csv"
     trainer.train(load, log_path)
-    tmp = out.parent / f".{out.name}.tmp"
     if trainer.dist.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            save(trainer.model, tmp)
-            (tmp / "training_args.json").write_text(
+
+        def write_model(folder: Path) -> None:
+            save(trainer.model, folder)
+            (folder / "training_args.json").write_text(
                 json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
             )
-            shutil.copy(log_path, tmp / "train_log.csv")
-            if (checkpoint_dir / EVENTS_DIR).is_dir():
-                shutil.copytree(checkpoint_dir / EVENTS_DIR, tmp / EVENTS_DIR)
-        except (OSError, RuntimeError) as exc:
-            full = disk_full_error(exc, tmp)
-            shutil.rmtree(tmp, ignore_errors=True)
-            if full is None:
-                raise
-            raise full from exc
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-        trainer.keep_finished(out)
+            shutil.copy(log_path, folder / "train_log.csv")
+
+        # The final weights go to the store first, then the checkpoints go (the store supersedes
+        # them and frees their space), then the output is copied from the store: a disk that
+        # fills on the way leaves either the checkpoints or the store, so a rerun does not train
+        # the steps again.
+        trainer.store.keep(write_model, checkpoint_dir / EVENTS_DIR, trainer.model_bytes())
+        trainer.remove_checkpoints()
+        trainer.store.put_back(out, trainer.model_bytes())
     trainer.finish()
