@@ -244,6 +244,74 @@ def test_the_store_holds_tensorboard_events_packed_so_they_show_once(tmp_path):
     assert store.why_not(lambda folder: "") is None
 
 
+def test_disk_full_while_saving_the_final_model_keeps_the_checkpoints(
+    train_data, tiny_init, monkeypatch, capsys, caplog
+):
+    """Issue 22 item 5: safetensors' own error for a full disk (not an OSError) while the final
+    model is written is reported like every full disk, leaves no temporary folder, and the rerun
+    resumes from the last checkpoint (step 4 of 6) instead of training from the start."""
+    from safetensors import SafetensorError
+
+    from dprflow.data import schemas
+    from dprflow.finetuning.biencoder import BiEncoder
+
+    save = BiEncoder.save_pretrained
+
+    def full_at_the_end(self, out_dir, *args, **kwargs):
+        save(self, out_dir, *args, **kwargs)
+        if Path(out_dir).parent.name == ".finished.tmp":
+            raise SafetensorError(
+                'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+            )
+
+    monkeypatch.setattr(BiEncoder, "save_pretrained", full_at_the_end)
+    monkeypatch.setattr(schemas, "free_bytes", lambda path: 4096)
+    assert train_retriever.main(argv(train_data, tiny_init, "full")) == 1
+    err = capsys.readouterr().err
+    assert "no space left on device while writing" in err and "finished" in err
+    assert "bytes needed" in err and "4096 bytes free" in err and "Traceback" not in err
+    ckpt = train_data / "full.ckpt"
+    assert not [p.name for p in train_data.rglob("*.tmp")]
+    assert not (train_data / "full").exists() and not (ckpt / "finished").exists()
+    assert (ckpt / "step-4" / "COMPLETE").exists()
+    monkeypatch.setattr(BiEncoder, "save_pretrained", save)
+    caplog.clear()
+    assert train_retriever.main(argv(train_data, tiny_init, "full")) == 0
+    assert "resumed from" in caplog.text and "at step 4" in caplog.text
+    assert train_retriever.main(argv(train_data, tiny_init, "clean")) == 0
+    assert same_weights(train_data / "clean", train_data / "full")
+
+
+def test_disk_full_while_writing_the_output_keeps_the_trained_model(train_data, tiny_init, monkeypatch, capsys, caplog):
+    """A disk that fills while the output folder is copied from the store: the error names the
+    store that keeps the model, and the rerun after space is freed puts it back without training."""
+    import errno
+
+    from dprflow.data import schemas
+    from dprflow.training import store
+
+    def no_space(src, dst):
+        Path(dst).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    clone = store.clone_file
+    monkeypatch.setattr(store, "clone_file", no_space)
+    monkeypatch.setattr(schemas, "free_bytes", lambda path: 4096)
+    assert train_retriever.main(argv(train_data, tiny_init, "out")) == 1
+    err = capsys.readouterr().err
+    assert "no space left on device while writing" in err and "4096 bytes free" in err
+    assert "the trained model is kept in" in err and "does not train again" in err
+    assert not (train_data / "out").exists() and not [p.name for p in train_data.rglob("*.tmp")]
+    assert (train_data / "out.ckpt" / "finished" / "COMPLETE").exists()
+    assert not list((train_data / "out.ckpt").glob("step-*"))  # superseded by the store
+    monkeypatch.setattr(store, "clone_file", clone)
+    caplog.clear()
+    assert train_retriever.main(argv(train_data, tiny_init, "out")) == 0
+    assert "reused the model this stage finished" in caplog.text and "step 1/" not in caplog.text
+    assert train_retriever.main(argv(train_data, tiny_init, "clean")) == 0
+    assert same_weights(train_data / "clean", train_data / "out")
+
+
 def test_the_encoding_is_the_same_for_any_number_of_shards(train_data, tiny_init):
     """Every passage is encoded in the same global batch whatever the shard count, so the shards
     together hold identical floats in identical order (the same matrix calls run: no rounding
