@@ -282,7 +282,9 @@ def test_disk_full_while_saving_the_final_model_keeps_the_checkpoints(
     assert same_weights(train_data / "clean", train_data / "full")
 
 
-def test_disk_full_while_writing_the_output_keeps_the_trained_model(train_data, tiny_init, monkeypatch, capsys, caplog):
+def test_disk_full_while_writing_the_output_keeps_the_trained_model(
+    train_data, tiny_init, monkeypatch, capsys, caplog
+):
     """A disk that fills while the output folder is copied from the store: the error names the
     store that keeps the model, and the rerun after space is freed puts it back without training."""
     import errno

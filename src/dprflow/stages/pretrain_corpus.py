@@ -26,8 +26,10 @@ from dprflow.pretraining.condenser.data import mlm_batch, pair_batch
 from dprflow.pretraining.condenser.model import Condenser, CondenserConfig
 from dprflow.pretraining.corpus import read_passages_documents
 from dprflow.pretraining.query_as_context import pairs as query_context
+from dprflow.stage_args import OptimArgs
+from dprflow.training.devices import set_seed
 from dprflow.training.steps import cocondenser_step
-from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
+from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.pretrain_corpus")
 

@@ -19,7 +19,9 @@ from dprflow.model_init import load_tokenizer
 from dprflow.pretraining.condenser.data import mlm_batch
 from dprflow.pretraining.condenser.model import Condenser, CondenserConfig
 from dprflow.pretraining.corpus import GENERIC_SOURCES, chunk_tokens, generic_texts, tokenize_documents
-from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
+from dprflow.stage_args import OptimArgs
+from dprflow.training.devices import set_seed
+from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.pretrain_generic")
 

@@ -47,7 +47,9 @@ from dprflow.pretraining.mae.data import (
 from dprflow.pretraining.mae.model import BottleneckedMAE, MAEConfig
 from dprflow.pretraining.mae.pmi import NgramCounts
 from dprflow.pretraining.query_as_context import pairs as query_context
-from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
+from dprflow.stage_args import OptimArgs
+from dprflow.training.devices import set_seed
+from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.pretrain_mae")
 

@@ -16,8 +16,9 @@ from dprflow.finetuning.cross_encoder import CrossEncoder
 from dprflow.finetuning.examples import GroupTrainingArgs, read_training_examples, sample_group
 from dprflow.finetuning.losses import listwise_ce
 from dprflow.finetuning.reranking import tokenize_pairs
+from dprflow.training.devices import set_seed
 from dprflow.training.memory import check_training_memory
-from dprflow.training.trainer import set_seed, train_and_save
+from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.train_reranker")
 
