@@ -60,8 +60,8 @@ def trainer_for(model, args: TrainArgs, tmp_path: Path, batches=None) -> Trainer
 def loss_and_grads(model, args: TrainArgs, tmp_path: Path) -> tuple[float, dict[str, torch.Tensor]]:
     trainer = trainer_for(model, dataclasses.replace(args, batch_size=1), tmp_path)
     trainer.model.train()
-    out = trainer._accumulate(padded_batch(0))
-    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    out = trainer._accumulate(devices.to_device(padded_batch(0), trainer.dist.device))
+    grads = {n: p.grad.cpu() for n, p in trainer.model.named_parameters() if p.grad is not None}
     return float(out["loss"].detach()), grads
 
 
