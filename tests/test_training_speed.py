@@ -110,7 +110,9 @@ def test_fused_adamw_gives_the_same_update():
     """torch's fused AdamW (one kernel over every weight) against its loop: three steps on the
     same gradients (copied from the first model) give the same weights."""
     models = [tiny_mlm(), tiny_mlm()]
-    optimizers = [adamw(m, TrainArgs(learning_rate=1e-3), fused=f) for m, f in zip(models, (False, True), strict=True)]
+    optimizers = [
+        adamw(m, TrainArgs(learning_rate=1e-3), fused=f) for m, f in zip(models, (False, True), strict=True)
+    ]
     assert optimizers[1].defaults["fused"] and not optimizers[0].defaults["fused"]
     for step in range(3):
         models[0](**padded_batch(step)).loss.backward()
