@@ -25,7 +25,7 @@ import pandas as pd
 from dprflow.cli import StageError
 from dprflow.data.schemas import read_table
 from dprflow.search.runs import positive_passages
-from dprflow.training.trainer import OptimArgs
+from dprflow.stage_args import OptimArgs
 
 log = logging.getLogger(__name__)
 

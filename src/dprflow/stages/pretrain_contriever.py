@@ -32,7 +32,9 @@ from dprflow.model_init import load_tokenizer
 from dprflow.pretraining.contriever.data import PAIR_MODES, PairMaker, first_tokens, stream_documents
 from dprflow.pretraining.contriever.model import NEGATIVE_MODES, Contriever, ContrieverConfig
 from dprflow.pretraining.corpus import GENERIC_SOURCES, read_generic_documents, read_passages_documents
+from dprflow.stage_args import OptimArgs
 from dprflow.training import distributed
+from dprflow.training.devices import set_seed
 from dprflow.training.memory import (
     EncoderShape,
     StepMemory,
@@ -42,7 +44,7 @@ from dprflow.training.memory import (
     per_process,
     world_size,
 )
-from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
+from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.pretrain_contriever")
 

@@ -29,6 +29,8 @@ from dprflow.pretraining.condenser.model import HEAD_CONFIG, HEAD_DIR, Condenser
 from dprflow.pretraining.corpus import read_passages_documents
 from dprflow.pretraining.masking import WHOLE_WORD_COUNTS
 from dprflow.pretraining.query_as_context import pairs as query_context
+from dprflow.stage_args import OptimArgs
+from dprflow.training.devices import set_seed
 from dprflow.training.memory import (
     EncoderShape,
     StepMemory,
@@ -40,7 +42,7 @@ from dprflow.training.memory import (
     world_size,
 )
 from dprflow.training.steps import cocondenser_step
-from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
+from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.pretrain_corpus")
 

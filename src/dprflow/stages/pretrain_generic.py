@@ -19,6 +19,8 @@ from dprflow.model_init import load_tokenizer
 from dprflow.pretraining.condenser.data import mlm_batch
 from dprflow.pretraining.condenser.model import Condenser, CondenserConfig
 from dprflow.pretraining.corpus import GENERIC_SOURCES, chunk_tokens, generic_texts, tokenize_documents
+from dprflow.stage_args import OptimArgs
+from dprflow.training.devices import set_seed
 from dprflow.training.memory import (
     EncoderShape,
     StepMemory,
@@ -28,7 +30,7 @@ from dprflow.training.memory import (
     per_process,
     world_size,
 )
-from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
+from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.pretrain_generic")
 

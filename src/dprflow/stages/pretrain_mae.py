@@ -47,6 +47,8 @@ from dprflow.pretraining.mae.data import (
 from dprflow.pretraining.mae.model import BottleneckedMAE, MAEConfig
 from dprflow.pretraining.mae.pmi import NgramCounts
 from dprflow.pretraining.query_as_context import pairs as query_context
+from dprflow.stage_args import OptimArgs
+from dprflow.training.devices import set_seed
 from dprflow.training.memory import (
     EncoderShape,
     StepMemory,
@@ -57,7 +59,7 @@ from dprflow.training.memory import (
     world_size,
 )
 from dprflow.training.steps import masked_count, share_chunks_step
-from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
+from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.pretrain_mae")
 

@@ -16,6 +16,7 @@ from dprflow.finetuning.cross_encoder import CrossEncoder
 from dprflow.finetuning.examples import GroupTrainingArgs, read_training_examples, sample_group
 from dprflow.finetuning.losses import listwise_ce
 from dprflow.finetuning.reranking import tokenize_pairs
+from dprflow.training.devices import set_seed
 from dprflow.training.memory import (
     EncoderShape,
     StepMemory,
@@ -24,7 +25,7 @@ from dprflow.training.memory import (
     world_size,
 )
 from dprflow.training.steps import share_chunks_step
-from dprflow.training.trainer import set_seed, train_and_save
+from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.train_reranker")
 

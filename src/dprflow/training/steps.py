@@ -11,7 +11,9 @@ mean (eq. 7). With one process every helper is the identity and nothing changes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+import contextvars
+import logging
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -25,6 +27,47 @@ from dprflow.pretraining.condenser.model import (
 from dprflow.pretraining.masking import IGNORE_INDEX
 from dprflow.training import distributed
 from dprflow.training.gradcache import ChunkLoss, gradcache_step, split_batch
+from dprflow.training.memory import activation_bytes, encoder_config
+
+log = logging.getLogger(__name__)
+
+# Bytes one gradient-cache chunk's activations may take (the Trainer sets it with
+# training.chunk_from_memory on a GPU); None: the configured chunk_size as it is.
+_CHUNK_BUDGET: contextvars.ContextVar[int | None] = contextvars.ContextVar("chunk_budget", default=None)
+_told_chunks: set[tuple[int, int]] = set()
+
+
+@contextlib.contextmanager
+def chunk_budget(budget: int | None) -> Iterator[None]:
+    """Within the block, gradient caches choose their chunk from ``budget`` bytes (:func:`fitting_chunk`)."""
+    token = _CHUNK_BUDGET.set(budget)
+    try:
+        yield
+    finally:
+        _CHUNK_BUDGET.reset(token)
+
+
+def fitting_chunk(model: nn.Module, chunk_size: int, length: int, rows: int) -> int:
+    """The chunk a gradient cache encodes: ``chunk_size``, or with a budget (:func:`chunk_budget`)
+    the largest number of sequences of ``length`` tokens whose activations fit in it (upper bound
+    of :mod:`dprflow.training.memory`), at least ``chunk_size`` and at most ``rows``. The cache's
+    gradient is the same for any chunk size (to float rounding); a larger chunk runs fewer, fuller
+    kernels, so the cache costs its second forward and little more."""
+    budget = _CHUNK_BUDGET.get()
+    if not chunk_size or budget is None:
+        return chunk_size
+    device_type = next(model.parameters()).device.type
+    half = torch.is_autocast_enabled(device_type)
+    per_row = activation_bytes(encoder_config(model), length, 2 if half else 4)
+    chosen = min(rows, max(chunk_size, budget // max(per_row, 1)))
+    if (chunk_size, chosen) not in _told_chunks:
+        _told_chunks.add((chunk_size, chosen))
+        log.info(
+            "gradient cache: chunks of %d (chunk_size %d; the largest that fits the memory)",
+            chosen,
+            chunk_size,
+        )
+    return chosen
 
 
 def masked_count(labels: torch.Tensor) -> int:
@@ -94,7 +137,8 @@ def cocondenser_gradcache_step(
         backward_fn: see :func:`dprflow.training.gradcache.gradcache_step` (fp16 grad scaling).
     """
     core = unwrap(model)
-    chunks = split_batch(batch, chunk_size)
+    rows, length = batch["input_ids"].shape
+    chunks = split_batch(batch, fitting_chunk(model, chunk_size, length, rows))
     counts = [masked_count(c["labels"]) for c in chunks]  # masked tokens per chunk
     total = max(global_masked_count(sum(counts), batch["labels"].device), 1)
     world, rank = distributed.get_world_size(), distributed.get_rank()
@@ -152,6 +196,8 @@ def biencoder_step(
     """
     n_queries = len(query_inputs["input_ids"])
     n_passages = len(passage_inputs["input_ids"])
+    length = max(query_inputs["input_ids"].shape[1], passage_inputs["input_ids"].shape[1])
+    chunk_size = fitting_chunk(model, chunk_size, length, max(n_queries, n_passages))
     if not chunk_size or (chunk_size >= n_queries and chunk_size >= n_passages):
         q, p = model(query_inputs, passage_inputs)
         out = _as_loss_dict(loss_fn(q, p))
