@@ -1,23 +1,37 @@
-"""Benchmark: training throughput (tokens/s) of the project's Trainer against a plain loop.
+"""Benchmark: training throughput and model FLOPs utilisation (MFU) of every step type.
 
-Two training steps of the papers, on the same model, data and batch:
+The step types of the papers, on the same BERT-sized model (``--model tiny`` or ``base``):
 
-- Condenser pre-training (Condenser §3): MLM batches of ``--seq-len`` tokens built by the stage's
-  own ``mlm_batch`` (masking included);
-- retriever fine-tuning (coCondenser §3.4 / CDMAE eq. 10): a bi-encoder, queries and groups of
-  ``--group-size`` passages tokenized per step as ``train_retriever`` does, contrastive loss with
-  in-batch negatives.
+- ``retriever``: bi-encoder fine-tuning (coCondenser §3.4 / CDMAE eq. 10), queries and groups of
+  ``--group-size`` passages, contrastive loss with in-batch negatives; ``retriever_cache``: the
+  same with the gradient cache in chunks of ``--chunk-size``;
+- ``condenser``: Condenser MLM pre-training (Condenser §3); ``cocondenser`` and
+  ``cocondenser_cache``: coCondenser's MLM + span contrastive loss (§3.2-3.3), whole or cached;
+- ``mae``: a bottlenecked MAE step (BMAE; CDMAE §3.1, encoder and weak decoder);
+- ``contriever``: Contriever with MoCo (§3.1.3; the key encoder runs forward only).
 
-Each is run by the plain loop a Hugging Face user writes (batch, forward, backward, clip, AdamW,
-schedule) and by :class:`dprflow.training.trainer.Trainer` (batches of (seed, step), logging,
-checkpoint bookkeeping), then by the Trainer with its options: DataLoader workers, gradient
-checkpointing, the fine-tuning gradient cache and, on a GPU, bf16 against fp32. Throughput is
-real (unpadded) tokens per second over the timed steps, after untimed warm-up steps; on a GPU the
-peak allocated memory of the timed run is reported too.
+Each runs in the plain loop a Hugging Face user writes (batch, the step's forward and backward,
+clip, AdamW, schedule) and in :class:`dprflow.training.trainer.Trainer` with its defaults (the
+speed switches of config/schema.yaml's training section), in the same process. Reported per row:
+real (unpadded) tokens/s over the timed steps after untimed warm-up steps, MFU, peak memory (GPU:
+allocated; CPU: the process's peak resident set over the run).
+
+MFU (PaLM, Chowdhery et al. 2022, appendix B) counts the model's FLOPs, not what recomputation
+(gradient cache, checkpointing) adds. Per step::
+
+    FLOPs = sum over sequences trained:  6 N s + 12 L H s^2
+          + sum over forward-only ones:  2 N s +  4 L H s^2      (MoCo's key encoder)
+
+with ``s`` the sequence's real tokens, ``N`` the weights of the linear layers it goes through
+(embedding look-ups are not products; a tied MLM decoder counts), ``L`` its Transformer layers and
+``H`` the hidden size (the ``s^2`` terms: the products ``Q K^T`` and ``A V``, forward 4 L H s^2,
+backward twice that). MFU = FLOPs / seconds / the device's peak: the dense bf16 (or TF32 for
+fp32) tensor-core peak from the datasheet (:data:`PEAK_TFLOPS`), and on a CPU the fp32 matrix
+product rate measured in the same run (:func:`cpu_peak_flops`).
 
 Standalone: it needs torch, transformers and this repository's ``src`` only (no Snakemake,
-pyserini or faiss), builds its models from ``BertConfig`` (``--model tiny`` or ``--model base``,
-BERT-base sized) and its tokenizer from a generated vocabulary, so nothing is downloaded::
+pyserini or faiss), builds its models from ``BertConfig`` and its tokenizer from a generated
+vocabulary, so nothing is downloaded::
 
     python bench/bench_train_throughput.py                       # CPU, tiny model (make bench)
     python bench/bench_train_throughput.py --device cuda --model base
@@ -43,7 +57,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from _common import write_bench  # noqa: E402
+import transformers  # noqa: E402
+from _common import reset_peak_rss, status_kib, write_bench  # noqa: E402
 from transformers import BertConfig, BertForMaskedLM, BertModel, BertTokenizerFast  # noqa: E402
 
 from dprflow.finetuning.biencoder import BiEncoder  # noqa: E402
@@ -51,15 +66,31 @@ from dprflow.finetuning.losses import contrastive_loss  # noqa: E402
 from dprflow.precision import autocast, resolve_precision  # noqa: E402
 from dprflow.pretraining.condenser.data import mlm_batch  # noqa: E402
 from dprflow.pretraining.condenser.model import Condenser, CondenserConfig  # noqa: E402
+from dprflow.pretraining.contriever.data import PairMaker  # noqa: E402
+from dprflow.pretraining.contriever.model import Contriever, ContrieverConfig  # noqa: E402
+from dprflow.pretraining.mae.data import TokenText, mae_batch  # noqa: E402
+from dprflow.pretraining.mae.model import BottleneckedMAE, MAEConfig  # noqa: E402
 from dprflow.progress import quiet_hugging_face  # noqa: E402
-from dprflow.training.batches import StepBatches, count_tokens  # noqa: E402
-from dprflow.training.steps import biencoder_step  # noqa: E402
-from dprflow.training.trainer import TrainArgs, Trainer  # noqa: E402
+from dprflow.training.batches import StepBatches  # noqa: E402
+from dprflow.training.optim import TrainArgs  # noqa: E402
+from dprflow.training.steps import biencoder_step, cocondenser_step  # noqa: E402
+from dprflow.training.trainer import Trainer  # noqa: E402
 
 WORDS = 4000  # vocabulary of the generated texts
 MODELS = {
     "tiny": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=2, intermediate_size=512),
     "base": dict(),  # BertConfig's defaults: BERT-base (768 hidden, 12 layers, 12 heads)
+}
+TASKS = ("retriever", "retriever_cache", "condenser", "cocondenser", "cocondenser_cache", "mae", "contriever")
+# Dense tensor-core peaks in TFLOP/s from the vendors' datasheets (SXM parts; no sparsity):
+# bf16/fp16, and TF32 for fp32 matrix products. Matched by a substring of the device name.
+PEAK_TFLOPS = {
+    "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 494.5},
+    "H100": {"bf16": 989.0, "fp16": 989.0, "fp32": 494.5},
+    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0},
+    "L40S": {"bf16": 362.0, "fp16": 362.0, "fp32": 183.0},
+    "A10": {"bf16": 125.0, "fp16": 125.0, "fp32": 62.5},
+    "L4": {"bf16": 121.0, "fp16": 121.0, "fp32": 60.0},
 }
 
 
@@ -67,7 +98,11 @@ def make_tokenizer(folder: Path) -> BertTokenizerFast:
     """A WordPiece tokenizer over the words w0..w{WORDS-1} (one token each)."""
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(WORDS)]
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    return BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
+    # from_pretrained reads vocab.txt (transformers 5 ignores BertTokenizerFast(vocab_file=...),
+    # which left a tokenizer of the 5 special tokens: every word became [UNK]).
+    tokenizer = BertTokenizerFast.from_pretrained(str(folder))
+    assert len(tokenizer) == len(vocab), len(tokenizer)
+    return tokenizer
 
 
 def texts(rng: np.random.Generator, n: int, lo: int, hi: int) -> list[str]:
@@ -77,32 +112,49 @@ def texts(rng: np.random.Generator, n: int, lo: int, hi: int) -> list[str]:
     return [" ".join(f"w{r}" for r in row[:k]) for row, k in zip(ranks, lengths, strict=True)]
 
 
+def token_rows(rng: np.random.Generator, n: int, lo: int, hi: int) -> list[np.ndarray]:
+    """``n`` rows of ``lo..hi`` token ids (no special tokens), Zipf-like."""
+    lengths = rng.integers(lo, hi + 1, size=n)
+    return [np.minimum(rng.zipf(1.2, size=k), WORDS) + 4 for k in lengths]
+
+
+def linear_params(module: torch.nn.Module) -> int:
+    """N of the MFU formula: weights of the linear layers (a tied decoder counts)."""
+    return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
+
+
+def n_layers(module: torch.nn.Module) -> int:
+    return sum(type(m).__name__ == "BertLayer" for m in module.modules())
+
+
+def sequence_flops(n: int, layers: int, hidden: int, mask: torch.Tensor, trained: bool) -> float:
+    """6 N s + 12 L H s^2 per sequence of ``s`` real tokens (2 N s + 4 L H s^2 forward only)."""
+    s = mask.sum(dim=1).double()
+    linear, attention = (6, 12) if trained else (2, 4)
+    return float((linear * n * s + attention * layers * hidden * s**2).sum())
+
+
 class Task:
-    """A model factory, training items, ``make_batch`` and ``step_fn`` (whole batch or cached)."""
+    """A model factory, training items, ``make_batch``, a step (it runs its own backward) and the
+    model FLOPs of a batch."""
 
     def __init__(self, name: str, args: argparse.Namespace, tokenizer, folder: Path) -> None:
         self.name = name
         rng = np.random.default_rng(0)
         config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=512, **MODELS[args.model])
+        self.hidden = config.hidden_size
         n_items = args.batch_size * (args.steps + args.warmup + 1)
-        if name == "condenser":
-            torch.manual_seed(0)
-            BertForMaskedLM(config).save_pretrained(folder / "mlm")
-            self.model_fn = lambda: Condenser.from_pretrained(folder / "mlm", CondenserConfig())
-            pieces = tokenizer(
-                texts(rng, n_items, args.seq_len - 2, args.seq_len - 2), add_special_tokens=False
-            )
-            self.items = [ids[: args.seq_len - 2] for ids in pieces["input_ids"]]
-            self.make_batch = lambda rng, items: mlm_batch(items, tokenizer, rng, 0.15)
-        else:
-            torch.manual_seed(0)
-            BertModel(config).save_pretrained(folder / "encoder")
+        self.chunk_size = args.chunk_size if name.endswith("_cache") else 0
+        torch.manual_seed(0)
+        BertForMaskedLM(config).save_pretrained(folder / "mlm")
+        BertModel(config).save_pretrained(folder / "encoder")
+        span = args.seq_len - 2
+        if name.startswith("retriever"):
             self.model_fn = lambda: BiEncoder.from_pretrained(folder / "encoder", pooling="cls")
             queries = texts(rng, n_items, 4, 16)
-            passages = texts(rng, n_items * args.group_size, args.seq_len // 2, args.seq_len - 2)
-            self.items = [
-                (q, passages[i * args.group_size : (i + 1) * args.group_size]) for i, q in enumerate(queries)
-            ]
+            passages = texts(rng, n_items * args.group_size, args.seq_len // 2, span)
+            g = args.group_size
+            self.items = [(q, passages[i * g : (i + 1) * g]) for i, q in enumerate(queries)]
 
             def make_batch(rng, items):
                 tok = dict(truncation=True, padding=True, return_tensors="pt")
@@ -111,24 +163,99 @@ class Task:
                 return q, p
 
             self.make_batch = make_batch
+        elif name in ("condenser", "cocondenser", "cocondenser_cache"):
+            self.model_fn = lambda: Condenser.from_pretrained(folder / "mlm", CondenserConfig())
+            # coCondenser: rows 2j and 2j+1 are two spans of document j.
+            self.items = [row.tolist() for row in token_rows(rng, n_items, span // 2, span)]
+            self.make_batch = lambda rng, items: mlm_batch(items, tokenizer, rng, 0.15)
+        elif name == "mae":
+            self.model_fn = lambda: BottleneckedMAE.from_pretrained(folder / "mlm", MAEConfig())
+            self.items = [TokenText(row, None) for row in token_rows(rng, n_items, span // 2, span)]
+            self.make_batch = lambda rng, items: mae_batch(
+                "bmae", items, tokenizer, rng, p_enc=0.3, p_dec=0.5
+            )
+        elif name == "contriever":
+            encoder = folder / "encoder"
+            self.model_fn = lambda: Contriever(
+                BertModel.from_pretrained(encoder), ContrieverConfig(negatives="moco", queue_size=4096)
+            )
+            maker = PairMaker.from_tokenizer(tokenizer, p_delete=0.0)
+            rows = token_rows(rng, 2 * n_items, span // 2, span)
+            self.items = list(zip(rows[::2], rows[1::2], strict=True))
+
+            def make_batch(rng, items):
+                q_ids, q_mask = maker.pad([q.tolist() for q, _ in items])
+                k_ids, k_mask = maker.pad([k.tolist() for _, k in items])
+                return {
+                    "q_input_ids": q_ids,
+                    "q_attention_mask": q_mask,
+                    "k_input_ids": k_ids,
+                    "k_attention_mask": k_mask,
+                }
+
+            self.make_batch = make_batch
+        else:
+            raise ValueError(f"unknown task {name!r}; allowed: {', '.join(TASKS)}")
         self.group_size = args.group_size
 
-    def step_fn(self, chunk_size: int = 0):
-        if self.name == "condenser":
-
-            def step(m, batch):
-                device = next(m.parameters()).device
-                return {"loss": m(**{k: v.to(device, non_blocking=True) for k, v in batch.items()}).loss}
-
-            return step, False
-
-        def step(m, batch, backward):
-            device = next(m.parameters()).device
-            q, p = (x.to(device, non_blocking=True) for x in batch)
+    def step(self, m, batch, backward):
+        """One step's forward and backward(s); returns the values to log."""
+        if self.name.startswith("retriever"):
             loss = lambda qe, pe: contrastive_loss(qe, pe, group_size=self.group_size)  # noqa: E731
-            return biencoder_step(m, q, p, loss, chunk_size, backward)
+            return biencoder_step(m, batch[0], batch[1], loss, self.chunk_size, backward)
+        if self.name.startswith("cocondenser"):
+            return {"loss": cocondenser_step(m, batch, self.chunk_size, backward).loss}
+        out = m(**batch)
+        backward(out.loss)
+        return {"loss": out.loss.detach()}
 
-        return step, True
+    def masks(self, batch) -> list[torch.Tensor]:
+        """The attention masks of the sequences a step trains on (MoCo keys included)."""
+        if self.name.startswith("retriever"):
+            return [b["attention_mask"] for b in batch]
+        if self.name == "contriever":
+            return [batch["q_attention_mask"], batch["k_attention_mask"]]
+        return [batch["attention_mask"] if "attention_mask" in batch else batch["enc_attention_mask"]]
+
+    def tokens(self, batch) -> int:
+        """Real tokens of a step's input (an MAE's decoder re-reads the encoder's text: counted once)."""
+        return int(sum(int(m.sum()) for m in self.masks(batch)))
+
+    def flops(self, model, batch) -> float:
+        """Model FLOPs of one step (module docstring)."""
+        if self.name.startswith("retriever"):
+            n, layers = linear_params(model), n_layers(model)
+            return sum(sequence_flops(n, layers, self.hidden, b["attention_mask"], True) for b in batch)
+        if self.name == "contriever":
+            n, layers = linear_params(model.encoder), n_layers(model.encoder)
+            return sequence_flops(n, layers, self.hidden, batch["q_attention_mask"], True) + sequence_flops(
+                n, layers, self.hidden, batch["k_attention_mask"], False
+            )
+        mask = batch.get("attention_mask", batch.get("enc_attention_mask"))
+        return sequence_flops(linear_params(model), n_layers(model), self.hidden, mask, True)
+
+
+def cpu_peak_flops(seconds: float = 1.0, n: int = 1024) -> float:
+    """The CPU's fp32 matrix product rate with torch's threads, measured now (best of the runs)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best, deadline = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        a @ b
+        best = max(best, 2 * n**3 / (time.perf_counter() - t0))
+    return best
+
+
+def peak_flops(device: torch.device, precision: str) -> tuple[float, str]:
+    """The device's peak FLOP/s for ``precision`` and where the figure comes from."""
+    if device.type != "cuda":
+        return cpu_peak_flops(), "measured fp32 matmul"
+    name = torch.cuda.get_device_name(device)
+    for key, peaks in PEAK_TFLOPS.items():
+        if key in name:
+            return peaks[precision] * 1e12, f"{key} datasheet {precision}"
+    raise SystemExit(f"no peak FLOP/s for {name!r}: add it to PEAK_TFLOPS")
 
 
 def sync(device: torch.device) -> None:
@@ -137,9 +264,10 @@ def sync(device: torch.device) -> None:
 
 
 def plain_loop(task: Task, args, device: torch.device, precision: str, steps: int):
-    """The loop a Hugging Face user writes (AdamW, linear schedule, clip at 1, autocast), ready to run."""
+    """The loop a Hugging Face user writes (AdamW, linear schedule, clip at 1, autocast) around the
+    same step, ready to run."""
     model = task.model_fn().to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-5)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, 1 - s / steps))
     resolved = resolve_precision(precision, device)
     scaler = torch.amp.GradScaler("cuda") if resolved == "fp16" else None
@@ -147,16 +275,18 @@ def plain_loop(task: Task, args, device: torch.device, precision: str, steps: in
     return lambda: _plain_steps(task, model, optimizer, schedule, scaler, batches, resolved, device, steps)
 
 
+def _to(batch, device):
+    if isinstance(batch, tuple):
+        return tuple(_to(b, device) for b in batch)
+    return {k: v.to(device) for k, v in batch.items()}
+
+
 def _plain_steps(task, model, optimizer, schedule, scaler, batches, resolved, device, steps) -> None:
+    backward = (lambda t: scaler.scale(t).backward()) if scaler else (lambda t: t.backward())
     for step in range(steps):
-        batch = batches[step]
         with autocast(resolved, device):
-            if task.name == "condenser":
-                loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
-            else:
-                q, p = model(batch[0].to(device), batch[1].to(device))
-                loss = contrastive_loss(q, p, group_size=task.group_size)
-        (scaler.scale(loss) if scaler else loss).backward()
+            out = task.step(model, _to(batches[step], device), backward)
+        float(out["loss"])  # the per-step read a plain loop logs
         if scaler:
             scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -170,9 +300,7 @@ def _plain_steps(task, model, optimizer, schedule, scaler, batches, resolved, de
 
 
 def trainer_loop(task: Task, args, device, precision, steps, folder: Path, **options):
-    """The project's Trainer over the same batches, ready to run."""
-    chunk_size = options.pop("chunk_size", 0)
-    step_fn, manual = task.step_fn(chunk_size)
+    """The project's Trainer over the same batches, its defaults plus ``options``, ready to run."""
     train_args = TrainArgs(
         batch_size=args.batch_size,
         learning_rate=1e-5,
@@ -185,12 +313,12 @@ def trainer_loop(task: Task, args, device, precision, steps, folder: Path, **opt
         task.model_fn(),
         task.items,
         task.make_batch,
-        step_fn,
+        task.step,
         lambda m, out: None,
         train_args,
         folder / "ckpt",
         {},
-        manual_backward=manual,
+        manual_backward=True,
     )
     return lambda: trainer.train(lambda m, d: None, folder / "train_log.csv")
 
@@ -202,10 +330,10 @@ def loop(task: Task, args, device, precision: str, folder: Path, options: dict |
     return trainer_loop(task, args, device, precision, steps, folder, **options)
 
 
-def measure(label: str, setup, task: Task, args, device: torch.device) -> dict:
+def measure(label: str, setup, task: Task, args, device: torch.device, peak: float) -> dict:
     """Run ``setup(warmup)()`` untimed, then time ``setup(steps)()`` (the model is built before
-    the clock starts); tokens are those of the timed steps' batches. The peak memory counts
-    the weights, the optimizer state and the activations of the timed run."""
+    the clock starts); tokens and FLOPs are those of the timed steps' batches. The peak memory
+    counts the weights, the optimizer state and the activations of the timed run."""
     setup(args.warmup)()
     gc.collect()
     sync(device)
@@ -214,23 +342,36 @@ def measure(label: str, setup, task: Task, args, device: torch.device) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     run = setup(args.steps)
     sync(device)
+    rss_exact = device.type != "cuda" and reset_peak_rss()
     started = time.perf_counter()
     run()
     sync(device)
     seconds = time.perf_counter() - started
     del run
+    if device.type == "cuda":
+        peak_mib = torch.cuda.max_memory_allocated(device) / 2**20
+    else:
+        peak_mib = status_kib("VmHWM") / 1024 if rss_exact else None
     batches = StepBatches(task.items, task.make_batch, seed=13, batch_size=args.batch_size)
-    n_tokens = sum(count_tokens(batches[s]) for s in range(args.steps))
+    model = task.model_fn()
+    n_tokens, flops = 0, 0.0
+    for s in range(args.steps):
+        batch = batches[s]
+        n_tokens += task.tokens(batch)
+        flops += task.flops(model, batch)
     row = {
         "label": label,
         "tokens_per_s": n_tokens / seconds,
+        "tflops": flops / seconds / 1e12,
+        "mfu": flops / seconds / peak,
         "seconds": seconds,
         "tokens": n_tokens,
-        "peak_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+        "peak_mib": peak_mib,
     }
-    peak = f", peak {row['peak_mib']:.0f} MiB" if row["peak_mib"] is not None else ""
+    mem = f", peak {row['peak_mib']:.0f} MiB" if row["peak_mib"] is not None else ""
     print(
-        f"  {label}: {row['tokens_per_s']:.0f} tokens/s ({seconds:.2f} s, {n_tokens} tokens{peak})",
+        f"  {label}: {row['tokens_per_s']:.0f} tokens/s, {row['tflops']:.3f} TFLOP/s, MFU {row['mfu']:.1%} "
+        f"({seconds:.2f} s, {n_tokens} tokens{mem})",
         flush=True,
     )
     return row
@@ -240,10 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--model", default="tiny", choices=list(MODELS))
-    parser.add_argument(
-        "--tasks", nargs="*", default=["condenser", "retriever"], choices=["condenser", "retriever"]
-    )
-    parser.add_argument("--steps", type=int, default=0, help="timed steps (0: 12 on CPU, 30 on GPU)")
+    parser.add_argument("--tasks", nargs="*", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--steps", type=int, default=0, help="timed steps (0: 6 on CPU, 30 on GPU)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--batch-size", type=int, default=0, help="0: 8 on CPU, 64 on GPU")
     parser.add_argument(
@@ -253,16 +392,16 @@ def main(argv: list[str] | None = None) -> int:
         "--seq-len", type=int, default=0, help="tokens per sequence (0: 64 on CPU, 128 on GPU)"
     )
     parser.add_argument("--chunk-size", type=int, default=0, help="gradient cache chunk (0: batch / 4)")
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers of the workers row")
     parser.add_argument(
-        "--repeats", type=int, default=3, help="runs of each variant, interleaved; the best counts"
+        "--repeats", type=int, default=2, help="runs of each variant, interleaved; the best counts"
     )
     parser.add_argument(
         "--variants",
         nargs="*",
-        default=["plain", "trainer", "workers", "checkpointing", "cache"],
-        choices=["plain", "trainer", "workers", "checkpointing", "cache"],
-        help="loops to measure (the plain loop, else the Trainer, is the baseline of the ratios)",
+        default=["plain", "trainer"],
+        choices=["plain", "trainer", "compile", "checkpointing"],
+        help="loops to measure: the plain loop, the Trainer (defaults), with torch.compile, with "
+        "gradient checkpointing",
     )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (CPU runs)")
     parser.add_argument("--no-write", action="store_true", help="print only, write no results/bench files")
@@ -277,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = device.type == "cuda"
     if gpu and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible")
-    args.steps = args.steps or (30 if gpu else 12)
+    args.steps = args.steps or (30 if gpu else 6)
     args.batch_size = args.batch_size or (64 if gpu else 8)
     args.group_size = args.group_size or (8 if gpu else 4)
     args.seq_len = args.seq_len or (128 if gpu else 64)
@@ -286,11 +425,21 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     name = torch.cuda.get_device_name(device) if gpu else f"CPU, {torch.get_num_threads()} torch threads"
     print(
-        f"device: {name}; model {args.model}; batch {args.batch_size}, group {args.group_size}, "
-        f"{args.seq_len} tokens, {args.steps} timed steps",
+        f"device: {name}; torch {torch.__version__}, transformers {transformers.__version__}; model "
+        f"{args.model}; batch {args.batch_size}, group {args.group_size}, {args.seq_len} tokens, "
+        f"{args.steps} timed steps",
         flush=True,
     )
-    precisions = ["fp32", "bf16"] if gpu and torch.cuda.is_bf16_supported() else ["fp32"]
+    precision = "bf16" if gpu and torch.cuda.is_bf16_supported() else "fp32"
+    peak, peak_source = peak_flops(device, precision)
+    print(f"peak: {peak / 1e12:.3f} TFLOP/s ({peak_source})", flush=True)
+    all_variants = {
+        "plain": None,
+        "trainer": {},
+        "compile": {"compile": True},
+        "checkpointing": {"gradient_checkpointing": True},
+    }
+    variants = [(label, all_variants[label]) for label in args.variants]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -298,47 +447,28 @@ def main(argv: list[str] | None = None) -> int:
         for task_name in args.tasks:
             task = Task(task_name, args, tokenizer, folder)
             print(f"{task_name}:", flush=True)
-            for precision in precisions:
-                variants: list[tuple[str, dict | None]] = [
-                    ("plain", None),
-                    ("trainer", {}),
-                    (f"trainer_workers{args.workers}", {"num_workers": args.workers}),
-                    ("trainer_checkpointing", {"gradient_checkpointing": True}),
-                ]
-                if task_name == "retriever":
-                    variants.append((f"trainer_cache{args.chunk_size}", {"chunk_size": args.chunk_size}))
-                kinds = {"plain": "plain", "trainer": "trainer", "trainer_workers": "workers"}
-                kinds.update({"trainer_checkpointing": "checkpointing", "trainer_cache": "cache"})
-                variants = [
-                    (label, options)
-                    for label, options in variants
-                    if kinds[label.rstrip("0123456789")] in args.variants
-                ]
-                # Repeats interleave the variants, and the best of each is kept: on a shared
-                # machine the other load only ever slows a run down.
-                best: dict[str, dict] = {}
-                for _ in range(args.repeats):
-                    for label, options in variants:
-                        setup = functools.partial(loop, task, args, device, precision, folder, options)
-                        row = measure(f"{task_name}_{label}_{precision}", setup, task, args, device)
-                        if label not in best or row["tokens_per_s"] > best[label]["tokens_per_s"]:
-                            best[label] = {**row, "task": task_name, "loop": label, "precision": precision}
-                rows += best.values()
+            # Repeats interleave the variants, and the best of each is kept: on a shared
+            # machine the other load only ever slows a run down.
+            best: dict[str, dict] = {}
+            for _ in range(args.repeats):
+                for label, options in variants:
+                    setup = functools.partial(loop, task, args, device, precision, folder, options)
+                    row = measure(f"{task_name}_{label}_{precision}", setup, task, args, device, peak)
+                    if label not in best or row["tokens_per_s"] > best[label]["tokens_per_s"]:
+                        best[label] = {**row, "task": task_name, "loop": label, "precision": precision}
+            rows += best.values()
     print()
-    print("| task | loop | precision | tokens/s | vs plain | peak MiB |")
-    print("|---|---|---|---|---|---|")
+    print("| step | loop | precision | tokens/s | TFLOP/s | MFU | vs plain | peak MiB |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
-        plain = next(  # the plain loop, else the Trainer without options
-            r
-            for r in rows
-            if r["task"] == row["task"]
-            and r["precision"] == row["precision"]
-            and r["loop"] in ("plain", "trainer")
+        plain = next(  # the plain loop, else the first variant
+            r for r in rows if r["task"] == row["task"] and r["loop"] in ("plain", variants[0][0])
         )
         ratio = row["tokens_per_s"] / plain["tokens_per_s"]
-        peak = "" if row["peak_mib"] is None else f"{row['peak_mib']:.0f}"
+        mem = "" if row["peak_mib"] is None else f"{row['peak_mib']:.0f}"
         print(
-            f"| {row['task']} | {row['loop']} | {row['precision']} | {row['tokens_per_s']:.0f} | {ratio:.2f} | {peak} |"
+            f"| {row['task']} | {row['loop']} | {row['precision']} | {row['tokens_per_s']:.0f} | "
+            f"{row['tflops']:.3f} | {row['mfu']:.1%} | {ratio:.2f} | {mem} |"
         )
         if not args.no_write:
             write_bench(
@@ -349,8 +479,14 @@ def main(argv: list[str] | None = None) -> int:
                 ratio=round(ratio, 3),
                 n=row["tokens"],
                 seconds=round(row["seconds"], 3),
+                mfu=round(row["mfu"], 4),
+                tflops=round(row["tflops"], 4),
+                peak_tflops=round(peak / 1e12, 3),
+                peak_source=peak_source,
                 peak_mib=None if row["peak_mib"] is None else round(row["peak_mib"], 1),
                 device=name,
+                torch=torch.__version__,
+                transformers=transformers.__version__,
                 batch_size=args.batch_size,
                 group_size=args.group_size,
                 seq_len=args.seq_len,

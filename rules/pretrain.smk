@@ -16,10 +16,15 @@ def tokenizer_key(name):
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "tokenizer"
 
 
-# The tokenizers stores are written with: model.init's, and the MAE corpus stage's start.
+# The tokenizers stores are written with: model.init's, stage two's given Condenser's
+# (pretrain.cocondenser.init) and the MAE corpus stage's start.
 TOKENIZERS = {
     tokenizer_key(name): name
-    for name in [config["model"]["init"], PT["mae"]["corpus_init"]]
+    for name in [
+        config["model"]["init"],
+        PT["cocondenser"]["init"],
+        PT["mae"]["corpus_init"],
+    ]
     if name
 }
 
@@ -37,34 +42,53 @@ def tokenize_corpus_input(wildcards):
     return [f"{RESULTS}/{wildcards.corpus}/passages.parquet"]
 
 
-def tokenize_flags(wildcards):
+def tokenizer_name(wildcards):
+    """The model name or path whose tokenizer writes a store."""
     if wildcards.tokenizer not in TOKENIZERS:
         raise ValueError(
             f"token store {wildcards.tokenizer!r}: not the key of a configured tokenizer "
             f"({sorted(TOKENIZERS)})"
         )
+    return TOKENIZERS[wildcards.tokenizer]
+
+
+def tokenizer_input(wildcards):
+    """The tokenizer's folder when it is local: an input of the store's rule."""
+    return local_paths(tokenizer_name(wildcards))
+
+
+def tokenizer_fingerprint(wildcards):
+    return content_fingerprint(tokenizer_name(wildcards))
+
+
+def tokenize_flags(wildcards):
     generic = wildcards.corpus == "pretrain"
     if generic != wildcards.view.startswith("text"):
         raise ValueError(
             f"token store view {wildcards.view!r} does not apply to corpus {wildcards.corpus!r} "
             "(texts and text-sentences: the generic corpus 'pretrain'; the others: passages)"
         )
-    flags = f"--tokenizer {shlex.quote(TOKENIZERS[wildcards.tokenizer])}"
+    flags = f"--tokenizer {q(tokenizer_name(wildcards))}"
     if generic:
-        flags += f" --corpus {PT['generic_corpus']['source']}"
+        flags += f" --corpus {q(PT['generic_corpus']['source'])}"
     for path in tokenize_corpus_input(wildcards):
         flags += f" --corpus-path {shlex.quote(path)}"
     return flags
 
 
 def cocondenser_tokens(wildcards):
-    """coCondenser's documents, or a query-as-context method's passages, as a token store."""
-    corpus = Path(cocondenser_corpus(wildcards)).parent.name
+    """coCondenser's documents, or a query-as-context method's passages, of the corpus stage two
+    reads (pretrain.cocondenser.corpus), as a token store of the stage-one Condenser's tokenizer.
+    """
     view = "passages" if wildcards.cocondenser in QAC_METHODS else "documents"
-    return tokens_path(corpus, view)
+    return tokens_path(corpus_stage_corpus(wildcards), view, PT["cocondenser"]["init"])
 
 
 def contriever_tokens(wildcards):
+    """The collection's documents, or with pretrain.contriever.corpus generic the generic
+    corpus's texts, as a token store."""
+    if PT["contriever"]["corpus"] == "generic":
+        return tokens_path("pretrain", "texts")
     return tokens_path(wildcards.collection, "documents")
 
 
@@ -93,20 +117,7 @@ def mae_corpus_tokens(wildcards):
         view = "passages"
     else:
         view = "document-sentences" if variant == "cotmae" else "passages"
-    tokenizer = PT["mae"]["corpus_init"] or config["model"]["init"]
-    return [tokens_path(wildcards.collection, view, tokenizer)]
-
-
-def tokens_flag(paths):
-    return "".join(f" --tokens {shlex.quote(p)}" for p in paths)
-
-
-def mae_generic_tokens_flag(wildcards):
-    return tokens_flag(mae_generic_tokens(wildcards))
-
-
-def mae_corpus_tokens_flag(wildcards):
-    return tokens_flag(mae_corpus_tokens(wildcards))
+    return [tokens_path(corpus_stage_corpus(wildcards), view, PT["mae"]["corpus_init"])]
 
 
 def generic_corpus_input(wildcards):
@@ -116,7 +127,7 @@ def generic_corpus_input(wildcards):
 
 def pretrain_generic_flags(wildcards):
     corpus = PT["generic_corpus"]
-    flags = f"--corpus {corpus['source']} --seed {FT['seed']}"
+    flags = f"--corpus {q(corpus['source'])} --seed {q(FT['seed'])}"
     if corpus["path"]:
         flags += f" --corpus-path {shlex.quote(corpus['path'])}"
     keys = [
@@ -141,16 +152,19 @@ def pretrain_corpus_flags(wildcards):
     and its passages' length (query-as-context section 4.2: 144 tokens)."""
     queries = "".join(
         f" --queries {shlex.quote(p)}"
-        f" --max-passage-tokens {PT['cocondenser']['qac_passage_tokens']}"
+        f" --max-passage-tokens {q(PT['cocondenser']['qac_passage_tokens'])}"
         for p in qac_queries_input(wildcards)
     )
     keys = [
+        "spans",
         "span_min",
         "span_max",
         "batch_size",
         "chunk_size",
         "contrastive_only",
         "mlm_probability",
+        "whole_word",
+        "whole_word_count",
         "learning_rate",
         "weight_decay",
         "warmup_ratio",
@@ -158,9 +172,22 @@ def pretrain_corpus_flags(wildcards):
         "max_steps",
     ]
     return (
-        f"--seed {FT['seed']}"
+        f"--seed {q(FT['seed'])}"
         f" {train_flags(PT['cocondenser'], keys)}{queries} {training_flags()}"
     )
+
+
+def cocondenser_init_fingerprint(wildcards):
+    """The content of a local pretrain.cocondenser.init folder (see content_fingerprint)."""
+    return content_fingerprint(PT["cocondenser"]["init"])
+
+
+def cocondenser_init_input(wildcards):
+    """The stage-one Condenser as an input of stage two: pretrain.cocondenser.init when it is a
+    local folder (a hub id is no input), else the model pretrain_generic trains here."""
+    if PT["cocondenser"]["init"]:
+        return local_paths(PT["cocondenser"]["init"])
+    return rules.pretrain_generic.output.model
 
 
 def pmi_corpus_input(wildcards):
@@ -176,7 +203,7 @@ def pmi_count_flags(wildcards):
         source = PT["generic_corpus"]["source"]
     else:
         source = "passages"
-    flags = f"--corpus {source} --shards {p['shards']} --max-n {p['max_n']} --max-distinct {p['max_distinct']}"
+    flags = f"--corpus {q(source)} --shards {q(p['shards'])} --max-n {q(p['max_n'])} --max-distinct {q(p['max_distinct'])}"
     for path in pmi_corpus_input(wildcards):
         flags += f" --corpus-path {shlex.quote(path)}"
     return flags
@@ -206,7 +233,7 @@ def mae_generic_pmi(wildcards):
 
 
 def mae_corpus_pmi(wildcards):
-    return _mae_pmi(wildcards, wildcards.collection)
+    return _mae_pmi(wildcards, corpus_stage_corpus(wildcards))
 
 
 def mae_variant(wildcards):
@@ -229,28 +256,39 @@ def mae_corpus_init(wildcards):
     return PT["mae"]["corpus_init"] or mae_generic_model(wildcards)
 
 
-def cocondenser_corpus(wildcards):
-    """The passages coCondenser stage two samples span pairs from: a pretrain.corpora corpus
-    (e.g. msmarco-document, coCondenser 4.1), else the collection's own (query-as-context
-    methods always read the collection's passages, whose queries doc2query generated).
-    """
-    corpus = PT["cocondenser"]["corpus"]
-    if corpus and corpus not in PT["corpora"]:
+def corpus_stage_corpus(wildcards):
+    """The name whose passages a corpus-stage job reads: pretrain.cocondenser.corpus (coCondenser
+    and query-as-context coCondenser) or pretrain.mae.corpus.documents (the MAEs), a corpus of
+    pretrain.corpora (e.g. msmarco-document cut into passages of passages.max_tokens, coCondenser
+    4.1, query-as-context 4.1); else the collection's own."""
+    if "cocondenser" in wildcards.keys():
+        key, name = "pretrain.cocondenser.corpus", PT["cocondenser"]["corpus"]
+    else:
+        key, name = "pretrain.mae.corpus.documents", PT["mae"]["corpus"]["documents"]
+    if name and name not in PT["corpora"]:
         raise ValueError(
-            f"pretrain.cocondenser.corpus: {corpus!r} is not a name of pretrain.corpora "
+            f"{key}: {name!r} is not a name of pretrain.corpora "
             f"({sorted(PT['corpora']) or 'none defined'})"
         )
-    if corpus and wildcards.cocondenser not in QAC_METHODS:
-        return f"{RESULTS}/{corpus}/passages.parquet"
-    return f"{RESULTS}/{wildcards.collection}/passages.parquet"
+    return name or wildcards.collection
+
+
+def corpus_stage_passages(wildcards):
+    """The passages a corpus-stage job reads: coCondenser samples span pairs from their documents
+    (query-as-context pairs them with their queries), CoT-MAE joins them back into documents.
+    """
+    return f"{RESULTS}/{corpus_stage_corpus(wildcards)}/passages.parquet"
 
 
 def qac_queries_input(wildcards):
-    """A query-as-context method's doc2query queries; none for the other methods."""
+    """A query-as-context method's doc2query queries of the passages it reads; none for the
+    other methods."""
     method = wildcards.get("cocondenser") or wildcards.get("mae_method")
     if method not in QAC_METHODS:
         return []
-    return [f"{RESULTS}/{wildcards.collection}/doc2query/generated_queries.parquet"]
+    return [
+        f"{RESULTS}/{corpus_stage_corpus(wildcards)}/doc2query/generated_queries.parquet"
+    ]
 
 
 def mae_generic_flags(wildcards):
@@ -266,9 +304,9 @@ def mae_flags(wildcards, phase):
     projection, the phase's budget and (generic phase) the corpus."""
     m = PT["mae"]
     flags = [
-        f"--seed {FT['seed']}",
-        f"--p-dec {m['p_dec'][mae_variant(wildcards)]}",
-        f"--use-projection {str(m['use_projection'][mae_variant(wildcards)]).lower()}",
+        f"--seed {q(FT['seed'])}",
+        f"--p-dec {q(m['p_dec'][mae_variant(wildcards)])}",
+        f"--use-projection {q(str(m['use_projection'][mae_variant(wildcards)]).lower())}",
         train_flags(
             m,
             [
@@ -281,12 +319,13 @@ def mae_flags(wildcards, phase):
                 "context",
                 "directions",
                 "batch_size",
+                "chunk_size",
                 "learning_rate",
                 "weight_decay",
                 "warmup_ratio",
             ],
         ),
-        train_flags(m[phase], ["epochs", "max_steps"]),
+        train_flags(m[phase], ["epochs", "max_steps", "stop_at_step"]),
         training_flags(),
     ]
     pmi = (
@@ -298,10 +337,36 @@ def mae_flags(wildcards, phase):
         flags.append(f"--queries {shlex.quote(path)}")
     if phase == "generic":
         corpus = PT["generic_corpus"]
-        flags.append(f"--corpus {corpus['source']}")
+        flags.append(f"--corpus {q(corpus['source'])}")
         if corpus["path"]:
             flags.append(f"--corpus-path {shlex.quote(corpus['path'])}")
+    tokens = (
+        mae_generic_tokens(wildcards)
+        if phase == "generic"
+        else mae_corpus_tokens(wildcards)
+    )
+    for path in tokens:
+        flags.append(f"--tokens {shlex.quote(path)}")
     return " ".join(flags)
+
+
+def contriever_corpus_input(wildcards):
+    """What Contriever pre-trains on: the collection's documents, or with pretrain.contriever.corpus
+    generic the generic corpus (Contriever Appendix A: Wikipedia, or Wikipedia and CCNet).
+    """
+    if PT["contriever"]["corpus"] == "generic":
+        return generic_corpus_input(wildcards)
+    return [f"{RESULTS}/{wildcards.collection}/passages.parquet"]
+
+
+def contriever_corpus_flags(wildcards):
+    if PT["contriever"]["corpus"] == "generic":
+        corpus = PT["generic_corpus"]
+        flags = f"--corpus {q(corpus['source'])}"
+        if corpus["path"]:
+            flags += f" --corpus-path {shlex.quote(corpus['path'])}"
+        return flags
+    return f"--passages {shlex.quote(contriever_corpus_input(wildcards)[0])}"
 
 
 def pretrain_contriever_flags(wildcards):
@@ -326,14 +391,15 @@ def pretrain_contriever_flags(wildcards):
         "max_steps",
     ]
     return (
-        f"--seed {FT['seed']} {train_flags(PT['contriever'], keys)} {training_flags()}"
+        f"{contriever_corpus_flags(wildcards)} --seed {q(FT['seed'])}"
+        f" {train_flags(PT['contriever'], keys)} {training_flags()}"
     )
 
 
 rule pretrain_tokenize:
     input:
         code=stage_code("pretrain_tokenize"),
-        init=model_init_input,
+        tokenizer=tokenizer_input,
         corpus=tokenize_corpus_input,
     output:
         tokens=directory(f"{RESULTS}/{{corpus}}/tokens/{{tokenizer}}/{{view}}"),
@@ -349,6 +415,7 @@ rule pretrain_tokenize:
         runtime=240,
     params:
         flags=tokenize_flags,
+        fingerprint=tokenizer_fingerprint,
     shell:
         "python -m dprflow.stages.pretrain_tokenize {params.flags} --view {wildcards.view:q}"
         " --out {output.tokens:q} > {log:q} 2>&1"
@@ -376,20 +443,21 @@ rule pretrain_generic:
         checkpoint_every=FT["checkpoint_every"],
         num_workers=config["training"]["num_workers"],
     params:
+        fingerprint=model_init_fingerprint,
         launch=training_launcher,
         init=config["model"]["init"],
         flags=pretrain_generic_flags,
         checkpoints=f"{RESULTS}/pretrain/condenser/generic/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_generic --init {params.init} --out {output.model}"
-        " --tokens {input.tokens:q} --checkpoint-dir {params.checkpoints} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
+        "{params.launch} -m dprflow.stages.pretrain_generic --init {params.init:q} --out {output.model:q}"
+        " --tokens {input.tokens:q} --checkpoint-dir {params.checkpoints:q} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
 
 
 rule pretrain_corpus:
     input:
         code=stage_code("pretrain_corpus"),
-        init=rules.pretrain_generic.output.model,
-        passages=cocondenser_corpus,
+        init=cocondenser_init_input,
+        passages=corpus_stage_passages,
         tokens=cocondenser_tokens,
         queries=qac_queries_input,
     output:
@@ -408,20 +476,22 @@ rule pretrain_corpus:
         checkpoint_every=FT["checkpoint_every"],
         num_workers=config["training"]["num_workers"],
     params:
+        fingerprint=cocondenser_init_fingerprint,
         launch=training_launcher,
+        init=condenser_model(),
         flags=pretrain_corpus_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{cocondenser}}/pretrain/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_corpus --init {input.init} --passages {input.passages}"
-        " --tokens {input.tokens:q} --out {output.model} --checkpoint-dir {params.checkpoints} {params.flags}"
-        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
+        "{params.launch} -m dprflow.stages.pretrain_corpus --init {params.init:q} --passages {input.passages:q}"
+        " --tokens {input.tokens:q} --out {output.model:q} --checkpoint-dir {params.checkpoints:q} {params.flags}"
+        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
 
 
 rule pretrain_contriever:
     input:
         code=stage_code("pretrain_contriever"),
         init=model_init_input,
-        passages=rules.split_passages.output.passages,
+        corpus=contriever_corpus_input,
         tokens=contriever_tokens,
     output:
         model=directory(f"{RESULTS}/{{collection}}/contriever/pretrain/model"),
@@ -439,14 +509,15 @@ rule pretrain_contriever:
         checkpoint_every=FT["checkpoint_every"],
         num_workers=config["training"]["num_workers"],
     params:
+        fingerprint=model_init_fingerprint,
         launch=training_launcher,
         init=config["model"]["init"],
         flags=pretrain_contriever_flags,
         checkpoints=f"{RESULTS}/{{collection}}/contriever/pretrain/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_contriever --init {params.init}"
-        " --passages {input.passages} --tokens {input.tokens:q} --out {output.model} --checkpoint-dir {params.checkpoints}"
-        " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
+        "{params.launch} -m dprflow.stages.pretrain_contriever --init {params.init:q}"
+        " --tokens {input.tokens:q} --out {output.model:q} --checkpoint-dir {params.checkpoints:q}"
+        " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
 
 
 # Masked auto-encoders (BMAE, CDMAE, CoT-MAE): n-gram statistics for CDMAE's importance-aware
@@ -473,8 +544,8 @@ rule pmi_count:
     params:
         flags=pmi_count_flags,
     shell:
-        "python -m dprflow.stages.pmi_count {params.flags} --shard {wildcards.shard}"
-        " --out {output.counts} > {log} 2>&1"
+        "python -m dprflow.stages.pmi_count {params.flags} --shard {wildcards.shard:q}"
+        " --out {output.counts:q} > {log:q} 2>&1"
 
 
 rule pmi:
@@ -496,8 +567,8 @@ rule pmi:
     params:
         min_count=PT["pmi"]["min_count"],
     shell:
-        "python -m dprflow.stages.pmi --counts {input.counts} --min-count {params.min_count}"
-        " --out {output.stats} > {log} 2>&1"
+        "python -m dprflow.stages.pmi --counts {input.counts:q} --min-count {params.min_count:q}"
+        " --out {output.stats:q} > {log:q} 2>&1"
 
 
 rule pretrain_mae_generic:
@@ -523,22 +594,22 @@ rule pretrain_mae_generic:
         checkpoint_every=FT["checkpoint_every"],
         num_workers=config["training"]["num_workers"],
     params:
+        fingerprint=model_init_fingerprint,
         launch=training_launcher,
         init=config["model"]["init"],
         flags=mae_generic_flags,
-        tokens=mae_generic_tokens_flag,
         checkpoints=f"{RESULTS}/pretrain/{{mae}}/generic/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_mae --variant {wildcards.mae} --init {params.init}"
-        " --out {output.model} --checkpoint-dir {params.checkpoints} {params.flags}{params.tokens}"
-        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
+        "{params.launch} -m dprflow.stages.pretrain_mae --variant {wildcards.mae:q} --init {params.init:q}"
+        " --out {output.model:q} --checkpoint-dir {params.checkpoints:q} {params.flags}"
+        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
 
 
 rule pretrain_mae_corpus:
     input:
         code=stage_code("pretrain_mae"),
         init=mae_generic_model,
-        passages=rules.split_passages.output.passages,
+        passages=corpus_stage_passages,
         pmi=mae_corpus_pmi,
         tokens=mae_corpus_tokens,
         queries=qac_queries_input,
@@ -562,9 +633,8 @@ rule pretrain_mae_corpus:
         variant=mae_variant,
         init=mae_corpus_init,
         flags=mae_corpus_flags,
-        tokens=mae_corpus_tokens_flag,
         checkpoints=f"{RESULTS}/{{collection}}/{{mae_method}}/pretrain/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_mae --variant {params.variant} --init {params.init}"
-        " --corpus passages --corpus-path {input.passages} --out {output.model}"
-        " --checkpoint-dir {params.checkpoints} {params.flags}{params.tokens} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
+        "{params.launch} -m dprflow.stages.pretrain_mae --variant {params.variant:q} --init {params.init:q}"
+        " --corpus passages --corpus-path {input.passages:q} --out {output.model:q}"
+        " --checkpoint-dir {params.checkpoints:q} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"

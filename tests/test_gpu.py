@@ -33,7 +33,10 @@ def tiny_init(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny_gpu_bert")
     vocab = out / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
-    BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(out)
+    # from_pretrained reads vocab.txt; transformers 5 ignores BertTokenizerFast(vocab_file=...).
+    tokenizer = BertTokenizerFast.from_pretrained(str(out))
+    assert len(tokenizer) == 5 + len(WORDS)
+    tokenizer.save_pretrained(out)
     torch.manual_seed(0)
     config = BertConfig(
         vocab_size=5 + len(WORDS),
@@ -111,3 +114,48 @@ def test_a_step_above_the_gpus_memory_warns_and_goes_on(tiny_init, caplog):
     assert estimate > total
     assert "the GPU's memory" in caplog.text and "training goes on" in caplog.text
     assert "finetune.retriever.batch_size" in caplog.text
+
+
+def test_speed_switches_on_the_gpu_keep_the_loss_and_gradients(tmp_path):
+    """The GPU side of tests/test_training_speed.py: TF32 matrix products (fp32 run), the
+    inductor-compiled Transformer and the fused AdamW give the plain run's loss and gradients
+    (update) to the precision the switch implies."""
+    import dataclasses
+
+    from test_training_speed import assert_close, loss_and_grads, padded_batch, tiny_mlm
+
+    from dprflow.training.optim import TrainArgs, adamw
+
+    plain = TrainArgs(precision="fp32", tf32=False, fused_adamw=False)
+    reference = loss_and_grads(tiny_mlm(), plain, tmp_path / "plain")
+    tf32 = loss_and_grads(tiny_mlm(), dataclasses.replace(plain, tf32=True), tmp_path / "tf32")
+    assert_close(tf32, reference, 2e-2)  # 10-bit mantissa products
+    torch.backends.cuda.matmul.allow_tf32 = False
+    compiled = loss_and_grads(tiny_mlm(), dataclasses.replace(plain, compile=True), tmp_path / "compiled")
+    assert_close(compiled, reference, 1e-4)
+    models = [tiny_mlm().cuda(), tiny_mlm().cuda()]
+    optimizers = [
+        adamw(m, TrainArgs(learning_rate=1e-3), fused=f) for m, f in zip(models, (False, True), strict=True)
+    ]
+    batch = {k: v.cuda() for k, v in padded_batch(0).items()}
+    models[0](**batch).loss.backward()
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        b.grad = a.grad.clone()
+    for optimizer in optimizers:
+        optimizer.step()
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)
+
+
+def test_the_gradient_cache_chunk_comes_from_the_gpu_memory(tmp_path):
+    """chunk_from_memory: the Trainer gives the gradient cache the device's memory less the
+    weights and optimizer state; off, the configured chunk_size stays."""
+    from test_training_speed import tiny_mlm, trainer_for
+
+    from dprflow.training.optim import TrainArgs
+
+    on = trainer_for(tiny_mlm(), TrainArgs(batch_size=1), tmp_path / "on")
+    total = torch.cuda.get_device_properties(0).total_memory
+    assert 0 < on.chunk_budget < total
+    off = trainer_for(tiny_mlm(), TrainArgs(batch_size=1, chunk_from_memory=False), tmp_path / "off")
+    assert off.chunk_budget is None

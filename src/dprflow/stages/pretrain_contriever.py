@@ -33,9 +33,20 @@ from dprflow.data.token_store import Ranges, document_ranges, window_ranges
 from dprflow.model_init import load_tokenizer
 from dprflow.pretraining.contriever.data import PAIR_MODES, PairMaker
 from dprflow.pretraining.contriever.model import NEGATIVE_MODES, Contriever, ContrieverConfig
-from dprflow.pretraining.corpus import open_or_tokenize, scratch_dir, store_documents
+from dprflow.pretraining.corpus import GENERIC_SOURCES, open_or_tokenize, scratch_dir, store_documents
+from dprflow.stage_args import OptimArgs
 from dprflow.training import distributed
-from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
+from dprflow.training.devices import set_seed
+from dprflow.training.memory import (
+    EncoderShape,
+    StepMemory,
+    check_training_memory,
+    contrastive_cache_bytes,
+    encoder_shape,
+    per_process,
+    world_size,
+)
+from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.pretrain_contriever")
 
@@ -47,13 +58,24 @@ class Args(OptimArgs):
     """Contriever contrastive pre-training on a collection's documents."""
 
     init: str = field(metadata={"help": "encoder to start from: folder, packaged name or hub id"})
-    passages: str = field(
-        metadata={"help": "passages.parquet of the collection (documents: grouped by doc_id)"}
+    passages: str | None = field(
+        default=None,
+        metadata={"help": "passages.parquet of the collection (documents: grouped by doc_id)"},
     )
+    corpus: str | None = field(
+        default=None,
+        metadata={
+            "help": "pre-train on this generic corpus instead of --passages (Contriever Appendix A: "
+            "Wikipedia, CCNet), with --corpus-path",
+            "choices": list(GENERIC_SOURCES),
+        },
+    )
+    corpus_path: str | None = field(default=None, metadata={"help": "--corpus's jsonl or passages.parquet"})
     tokens: str | None = field(
         default=None,
         metadata={
-            "help": "token store of the passages, view documents (stage pretrain_tokenize); default: tokenize now"
+            "help": "token store of the corpus (stage pretrain_tokenize): view documents of --passages, "
+            "texts of --corpus; default: tokenize now"
         },
     )
     out: str = field(metadata={"help": "model folder to write"})
@@ -104,6 +126,11 @@ class Args(OptimArgs):
         default=1e-4, metadata={"help": "AdamW peak learning rate (Appendix A: 1e-4)"}
     )
 
+    @property
+    def source(self) -> str:
+        """What the documents are read from, for messages: the corpus file, or the collection's passages."""
+        return self.corpus_path or self.corpus or self.passages
+
     def check(self) -> None:
         if not 0.0 < self.ratio_min <= self.ratio_max <= 1.0:
             raise ValueError("need 0 < --ratio-min <= --ratio-max <= 1")
@@ -115,14 +142,52 @@ class Args(OptimArgs):
             raise ValueError("--symmetric applies to --negatives inbatch only")
         if self.queue_size < 1:
             raise ValueError("--queue-size must be >= 1")
+        if (self.passages is None) == (self.corpus is None):
+            raise ValueError(
+                "give one of --passages (the collection's documents) and --corpus (a generic corpus)"
+            )
+
+
+# The config keys that change a step's memory, named when it does not fit.
+MEMORY_KEYS = [
+    "pretrain.contriever.batch_size",
+    "pretrain.contriever.max_doc_tokens",
+    "pretrain.contriever.queue_size",
+]
+
+
+def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> StepMemory:
+    """What a step of one process holds: with MoCo its query views through the encoder, the key
+    encoder (a copy of the weights, no gradient, §3.1.3), the queue of keys and the scores
+    against it; in-batch, both views through the encoder and the scores against the keys of
+    every process. Views are taken at their longest, ``max_doc_tokens`` and [CLS], [SEP]."""
+    world = world_size() if world is None else world
+    rows = per_process(args.batch_size, world, args.gradient_accumulation_steps)
+    length = args.max_doc_tokens + 2
+    if args.negatives == "moco":
+        queue = args.queue_size * shape.hidden_size * 4
+        return StepMemory(
+            ((rows, length),),
+            frozen_params=shape.params,
+            buffer_bytes=queue + contrastive_cache_bytes(rows, 1 + args.queue_size, shape.hidden_size),
+            checkpointing=args.gradient_checkpointing,
+        )
+    return StepMemory(
+        ((2 * rows, length),),
+        buffer_bytes=contrastive_cache_bytes(rows, rows * world, shape.hidden_size),
+        checkpointing=args.gradient_checkpointing,
+    )
 
 
 def training_documents(args: Args, tokenizer, scratch: str) -> tuple[Ranges, dict[str, int]]:
     """Contriever's "documents", cut from the token store per batch: windows of the token stream
     (the ranges of :func:`~dprflow.pretraining.contriever.data.stream_documents`) or each
     document's first tokens (:func:`~dprflow.pretraining.contriever.data.first_tokens`)."""
-    store = open_or_tokenize(args.tokens, "documents", tokenizer, scratch, args.passages)
-    docs, counts = store_documents(store, 1 if args.documents == "stream" else MIN_DOC_TOKENS, args.passages)
+    if args.corpus:  # the generic corpus's texts, each a document
+        store = open_or_tokenize(args.tokens, "texts", tokenizer, scratch, args.corpus_path, args.corpus)
+    else:
+        store = open_or_tokenize(args.tokens, "documents", tokenizer, scratch, args.passages)
+    docs, counts = store_documents(store, 1 if args.documents == "stream" else MIN_DOC_TOKENS, args.source)
     if args.documents == "first":
         starts, stops = document_ranges(store, MIN_DOC_TOKENS)
         return Ranges(store, starts, np.minimum(stops, starts + args.max_doc_tokens)), counts
@@ -146,19 +211,23 @@ def pretrain(args: Args) -> None:
 def _pretrain(args: Args, scratch: str) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
+    shape = encoder_shape(args.init)
+    check_training_memory(shape, step_memory(args, shape), args.mem_mb, MEMORY_KEYS, args.precision)
     tokenizer = load_tokenizer(args.init)
     docs, counts = training_documents(args, tokenizer, scratch)
     if len(docs) < args.batch_size and args.documents == "stream":
         raise StageError(
-            f"{args.passages}: its {counts['stream_tokens']} tokens make {len(docs)} documents of "
-            f"{args.max_doc_tokens} tokens, fewer than one batch of {args.batch_size}; lower "
-            "--batch-size or --max-doc-tokens, or add documents"
+            f"{args.source}: its {counts['stream_tokens']} tokens make {len(docs)} documents of "
+            f"{args.max_doc_tokens} tokens, fewer than one batch of {args.batch_size} "
+            "(pretrain.contriever.batch_size); lower pretrain.contriever.batch_size or "
+            "pretrain.contriever.max_doc_tokens, or add documents"
         )
     if len(docs) < args.batch_size:
         raise StageError(
-            f"{args.passages}: {len(docs)} documents of at least {MIN_DOC_TOKENS} tokens "
+            f"{args.source}: {len(docs)} documents of at least {MIN_DOC_TOKENS} tokens "
             f"({counts['documents_too_short_skipped']} too short skipped) are fewer than one batch of "
-            f"{args.batch_size}; lower --batch-size or add documents"
+            f"{args.batch_size} (pretrain.contriever.batch_size); lower pretrain.contriever.batch_size "
+            "or add documents"
         )
     maker = PairMaker.from_tokenizer(
         tokenizer,

@@ -17,17 +17,32 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from dprflow.cli import run_stage
+from dprflow.cli import StageError, run_stage
 from dprflow.model_init import load_tokenizer
-from dprflow.pretraining.condenser.data import mlm_batch, pair_batch
-from dprflow.pretraining.condenser.model import Condenser, CondenserConfig
+from dprflow.pretraining.backbone import read_saved_record
+from dprflow.pretraining.condenser.data import SPAN_SAMPLERS, mlm_batch, pair_batch
+from dprflow.pretraining.condenser.model import HEAD_CONFIG, HEAD_DIR, Condenser, CondenserConfig
 from dprflow.pretraining.corpus import open_or_tokenize, scratch_dir, store_documents
+from dprflow.pretraining.masking import WHOLE_WORD_COUNTS
 from dprflow.pretraining.query_as_context import pairs as query_context
+from dprflow.stage_args import OptimArgs
+from dprflow.training.devices import set_seed
+from dprflow.training.memory import (
+    EncoderShape,
+    StepMemory,
+    check_training_memory,
+    contrastive_cache_bytes,
+    encoder_shape,
+    masked_per_row,
+    per_process,
+    world_size,
+)
 from dprflow.training.steps import cocondenser_step
-from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
+from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.pretrain_corpus")
 
@@ -47,10 +62,25 @@ class Args(OptimArgs):
     )
     out: str = field(metadata={"help": "model folder to write"})
     checkpoint_dir: str = field(metadata={"help": "resumable checkpoints"})
-    span_min: int = field(default=16, metadata={"help": "shortest span in tokens"})
+    spans: str = field(
+        default="independent",
+        metadata={
+            "help": "non_overlapping: two distinct consecutive spans of --span-max tokens (the authors'); "
+            "independent: two spans of --span-min..--span-max tokens at independent positions",
+            "choices": list(SPAN_SAMPLERS),
+        },
+    )
+    span_min: int = field(default=16, metadata={"help": "shortest span in tokens (independent spans)"})
     span_max: int = field(default=64, metadata={"help": "longest span in tokens"})
     mlm_probability: float = field(default=0.15, metadata={"help": "masked share"})
     whole_word: bool = field(default=False, metadata={"help": "mask whole words"})
+    whole_word_count: str = field(
+        default="words",
+        metadata={
+            "help": "with --whole-word: words (p of the words) or tokens (BERT's: whole words up to p of the tokens)",
+            "choices": list(WHOLE_WORD_COUNTS),
+        },
+    )
     contrastive_only: bool = field(default=False, metadata={"help": "drop the MLM losses (Table 4)"})
     temperature: float = field(default=1.0, metadata={"help": "contrastive temperature (eq. 6: 1)"})
     batch_size: int = field(default=8, metadata={"help": "documents per step (2 spans each)"})
@@ -72,6 +102,10 @@ class Args(OptimArgs):
     def check(self) -> None:
         if not 1 <= self.span_min <= self.span_max:
             raise ValueError("need 1 <= --span-min <= --span-max")
+        if self.spans == "non_overlapping" and self.span_min < 2:
+            raise ValueError(
+                "--spans non_overlapping needs --span-min >= 2 (the shortest document cut in two)"
+            )
 
 
 def training_items(args: Args, tokenizer, scratch: str) -> tuple[list, dict[str, int]]:
@@ -88,6 +122,40 @@ def training_items(args: Args, tokenizer, scratch: str) -> tuple[list, dict[str,
     return store_documents(store, args.span_min, args.passages)
 
 
+# The config keys that change a step's memory, named when it does not fit.
+MEMORY_KEYS = ["pretrain.cocondenser.batch_size", "pretrain.cocondenser.span_max"]
+CHUNK_KEY = "pretrain.cocondenser.chunk_size"
+
+
+def head_layers(init: str) -> int:
+    """The head layers of the stage-one Condenser ``init`` (its saved config; 2, Condenser 4.1,
+    when ``init`` is not a local Condenser folder yet, as in a dry run)."""
+    record = Path(init) / HEAD_DIR / HEAD_CONFIG
+    if not record.is_file():
+        return CondenserConfig().n_head_layers
+    return int(read_saved_record(record.parent, HEAD_CONFIG, "Condenser")["condenser"]["n_head_layers"])
+
+
+def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> StepMemory:
+    """What a step of one process holds: its spans (two per document; with ``--queries`` a passage
+    and a query) through backbone and head, or with the gradient cache one chunk of them, the
+    logits of both MLM losses, and the late-[CLS] vectors, scores and cached gradients of eq. 6
+    (each span against the 2n spans of every process)."""
+    world = world_size() if world is None else world
+    n_head_layers = head_layers(args.init)
+    spans = per_process(2 * args.batch_size, world, args.gradient_accumulation_steps)
+    rows = per_process(2 * args.batch_size, world, args.gradient_accumulation_steps, args.chunk_size)
+    tokens = max(args.max_passage_tokens, args.max_query_tokens) if args.queries else args.span_max
+    return StepMemory(
+        ((rows, tokens + 2),),
+        extra_layers=((rows, tokens + 2, n_head_layers),),
+        masked_tokens=2 * rows * masked_per_row(args.mlm_probability, tokens),
+        extra_params=n_head_layers * shape.layer_params + shape.mlm_head_params,
+        buffer_bytes=contrastive_cache_bytes(spans, spans * world, shape.hidden_size),
+        checkpointing=args.gradient_checkpointing,
+    )
+
+
 def pretrain(args: Args) -> None:
     with scratch_dir(args.out) as scratch:
         _pretrain(args, scratch)
@@ -96,20 +164,45 @@ def pretrain(args: Args) -> None:
 def _pretrain(args: Args, scratch: str) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
+    shape = encoder_shape(args.init)
+    step = step_memory(args, shape)
+    check_training_memory(shape, step, args.mem_mb, MEMORY_KEYS, args.precision, chunk_key=CHUNK_KEY)
     tokenizer = load_tokenizer(args.init)
     docs, counts = training_items(args, tokenizer, scratch)
+    if len(docs) < args.batch_size:
+        raise StageError(
+            f"{args.passages}: {len(docs)} {'passages with queries' if args.queries else 'documents'} "
+            f"are fewer than one batch of {args.batch_size} (pretrain.cocondenser.batch_size); lower "
+            "pretrain.cocondenser.batch_size, or pre-train on a larger corpus (pretrain.cocondenser.corpus)"
+        )
     set_seed(args.seed)
     weight = 0.0 if args.contrastive_only else 1.0
     config = CondenserConfig(head_weight=weight, backbone_weight=weight, temperature=args.temperature)
     model = Condenser.from_pretrained(args.init, config)
+    if not model.head_restored:  # coCondenser 4.1 warm-starts "both backbone and head"
+        log.warning(
+            "%s has no Condenser head (a folder of pretrain_generic, or the authors' model.pt): "
+            "stage two starts from a random head",
+            args.init,
+        )
 
     def make_batch(rng, batch_docs, epoch):
         if args.queries:  # rows 2i and 2i + 1: a passage and its query of this epoch
             passages, queries = query_context.pairs(batch_docs, epoch, args.seed)
             rows = [row for pair in zip(passages, queries, strict=True) for row in pair]
-            return mlm_batch(rows, tokenizer, rng, args.mlm_probability, args.whole_word)
+            return mlm_batch(
+                rows, tokenizer, rng, args.mlm_probability, args.whole_word, args.whole_word_count
+            )
         return pair_batch(
-            batch_docs, tokenizer, rng, args.span_min, args.span_max, args.mlm_probability, args.whole_word
+            batch_docs,
+            tokenizer,
+            rng,
+            args.span_min,
+            args.span_max,
+            args.mlm_probability,
+            args.whole_word,
+            args.whole_word_count,
+            args.spans,
         )
 
     def step(m, batch, backward):

@@ -20,7 +20,18 @@ from dprflow.model_init import load_tokenizer
 from dprflow.pretraining.condenser.data import mlm_batch
 from dprflow.pretraining.condenser.model import Condenser, CondenserConfig
 from dprflow.pretraining.corpus import GENERIC_SOURCES, open_or_tokenize, scratch_dir
-from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
+from dprflow.stage_args import OptimArgs
+from dprflow.training.devices import set_seed
+from dprflow.training.memory import (
+    EncoderShape,
+    StepMemory,
+    check_training_memory,
+    encoder_shape,
+    masked_per_row,
+    per_process,
+    world_size,
+)
+from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.pretrain_generic")
 
@@ -59,6 +70,26 @@ class Args(OptimArgs):
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW peak learning rate"})
 
 
+# The config keys that change a step's memory, named when it does not fit.
+MEMORY_KEYS = ["pretrain.condenser.batch_size", "pretrain.condenser.max_length"]
+
+
+def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> StepMemory:
+    """What a step of one process holds: its sequences through the backbone and the head layers
+    (eq. 6-8), and the logits of both MLM losses (eq. 9-10) over the masked tokens."""
+    rows = per_process(
+        args.batch_size, world_size() if world is None else world, args.gradient_accumulation_steps
+    )
+    length = args.max_length
+    return StepMemory(
+        ((rows, length),),
+        extra_layers=((rows, length, args.n_head_layers),),
+        masked_tokens=2 * rows * masked_per_row(args.mlm_probability, length - 2),
+        extra_params=args.n_head_layers * shape.layer_params + shape.mlm_head_params,
+        checkpointing=args.gradient_checkpointing,
+    )
+
+
 def pretrain(args: Args) -> None:
     with scratch_dir(args.out) as scratch:
         _pretrain(args, scratch)
@@ -67,13 +98,20 @@ def pretrain(args: Args) -> None:
 def _pretrain(args: Args, scratch: str) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
+    shape = encoder_shape(args.init)
+    check_training_memory(shape, step_memory(args, shape), args.mem_mb, MEMORY_KEYS, args.precision)
     tokenizer = load_tokenizer(args.init)
     store = open_or_tokenize(args.tokens, "texts", tokenizer, scratch, args.corpus_path, args.corpus)
     # MLM chunks of max_length - 2 tokens, cut from the store per batch (corpus.chunk_tokens' ranges)
     starts, stops, _ = chunk_ranges(store, args.max_length - 2, min_length=8)
     chunks = Ranges(store, starts, stops)
     if len(chunks) < args.batch_size:
-        raise StageError(f"the {args.corpus} corpus gives {len(chunks)} sequences, fewer than one batch")
+        raise StageError(
+            f"the {args.corpus} corpus gives {len(chunks)} sequences of at most {args.max_length} tokens, "
+            f"fewer than one batch of {args.batch_size} (pretrain.condenser.batch_size); lower "
+            "pretrain.condenser.batch_size or pretrain.condenser.max_length, or use a larger corpus "
+            "(pretrain.generic_corpus)"
+        )
     log.info(
         "generic corpus %s: %d sequences of at most %d tokens", args.corpus, len(chunks), args.max_length
     )

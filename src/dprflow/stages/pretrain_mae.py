@@ -46,7 +46,19 @@ from dprflow.pretraining.mae.data import (
 from dprflow.pretraining.mae.model import BottleneckedMAE, MAEConfig
 from dprflow.pretraining.mae.pmi import NgramCounts
 from dprflow.pretraining.query_as_context import pairs as query_context
-from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
+from dprflow.stage_args import OptimArgs
+from dprflow.training.devices import set_seed
+from dprflow.training.memory import (
+    EncoderShape,
+    StepMemory,
+    check_training_memory,
+    encoder_shape,
+    masked_per_row,
+    per_process,
+    world_size,
+)
+from dprflow.training.steps import masked_count, share_chunks_step
+from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.pretrain_mae")
 
@@ -114,8 +126,17 @@ class Args(OptimArgs):
         metadata={"help": "sequences (cotmae: documents, 2 rows each with both directions) per step"},
     )
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW peak learning rate"})
+    chunk_size: int = field(
+        default=0,
+        metadata={
+            "help": "rows per sub-batch, each MLM loss weighted by the sub-batch's share of the batch's "
+            "masked tokens: the whole batch's gradient with one sub-batch in memory (0: the whole batch)"
+        },
+    )
 
     def check(self) -> None:
+        if self.chunk_size < 0:
+            raise ValueError(f"--chunk-size must be >= 0, got {self.chunk_size}")
         if self.variant == "cdmae" and not self.pmi:
             raise ValueError("--variant cdmae needs --pmi (the n-gram statistics of stage pmi)")
         if not 1 <= self.span_min <= self.span_max:
@@ -148,7 +169,10 @@ def training_items(args: Args, tokenizer, scratch: str) -> tuple[list, dict[str,
             args.corpus_path, args.queries, tokenizer, args.max_length - 2, args.max_query_tokens, store
         )
         if len(items) < args.batch_size:
-            raise StageError(f"{args.queries}: {len(items)} passages with queries, fewer than one batch")
+            raise StageError(
+                f"{args.queries}: {len(items)} passages with queries, fewer than one batch of "
+                f"{args.batch_size} (pretrain.mae.batch_size); lower pretrain.mae.batch_size"
+            )
         return items, counts
     stats = None
     if args.variant == "cdmae":
@@ -166,8 +190,54 @@ def training_items(args: Args, tokenizer, scratch: str) -> tuple[list, dict[str,
     for key, value in counts.items():
         log.info("%s %s: %d", args.variant, key, value)
     if len(items) < args.batch_size:
-        raise StageError(f"{args.corpus} corpus gives {len(items)} training items, fewer than one batch")
+        raise StageError(
+            f"{args.corpus} corpus gives {len(items)} training items, fewer than one batch of "
+            f"{args.batch_size} (pretrain.mae.batch_size); lower pretrain.mae.batch_size"
+            + (" or pretrain.mae.max_length" if args.variant != "cotmae" else "")
+            + ", or use a larger corpus"
+        )
     return items, counts
+
+
+# The config keys that change a step's memory, named when it does not fit.
+CHUNK_KEY = "pretrain.mae.chunk_size"
+
+
+def memory_keys(args: Args) -> list[str]:
+    length = (
+        "pretrain.mae.span_max"
+        if args.variant == "cotmae" and not args.queries
+        else "pretrain.mae.max_length"
+    )
+    return ["pretrain.mae.batch_size", length]
+
+
+def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> StepMemory:
+    """What a step of one process holds: its rows through the encoder and the decoder layers
+    (eq. 2, 5; one sub-batch of ``chunk_size`` rows at a time), the logits of both MLM losses
+    (eq. 3, 6) over the masked tokens, and the decoder, projection and MLM head's weights.
+    CoT-MAE rows are spans of up to ``span_max`` tokens, two per document with ``--directions
+    both``; with ``--queries`` the decoder reads a query of up to ``max_query_tokens``."""
+    world = world_size() if world is None else world
+    if args.queries:
+        rows, enc, dec = args.batch_size, args.max_length - 2, args.max_query_tokens
+    elif args.variant == "cotmae":
+        rows = args.batch_size * (2 if args.directions == "both" else 1)
+        enc = dec = args.span_max
+    else:
+        rows, enc, dec = args.batch_size, args.max_length - 2, args.max_length - 2
+    rows = per_process(rows, world, args.gradient_accumulation_steps, args.chunk_size)
+    projection = args.variant != "cotmae" if args.use_projection is None else args.use_projection
+    masked = masked_per_row(args.p_enc, enc) + masked_per_row(args.p_dec, dec)
+    return StepMemory(
+        ((rows, enc + 2),),
+        extra_layers=((rows, dec + 2, args.n_decoder_layers),),
+        masked_tokens=rows * masked,
+        extra_params=args.n_decoder_layers * shape.layer_params
+        + projection * (shape.hidden_size + 1) * shape.hidden_size
+        + shape.mlm_head_params,
+        checkpointing=args.gradient_checkpointing,
+    )
 
 
 def pretrain(args: Args) -> None:
@@ -178,6 +248,9 @@ def pretrain(args: Args) -> None:
 def _pretrain(args: Args, scratch: str) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
+    shape = encoder_shape(args.init)
+    step = step_memory(args, shape)
+    check_training_memory(shape, step, args.mem_mb, memory_keys(args), args.precision, chunk_key=CHUNK_KEY)
     tokenizer = load_tokenizer(args.init)
     items, counts = training_items(args, tokenizer, scratch)
     set_seed(args.seed)  # the decoder's and projection's random initialisation
@@ -206,12 +279,30 @@ def _pretrain(args: Args, scratch: str) -> None:
             directions=args.directions,
         )
 
-    def step(m, batch):
+    def units(chunk):  # each MLM loss is a mean over its masked tokens (eq. 3, 6)
+        return {"enc_mlm": masked_count(chunk["enc_labels"]), "dec_mlm": masked_count(chunk["dec_labels"])}
+
+    def chunk_loss(m, chunk, shares):
+        out = m(**chunk)
+        enc, dec = out.enc_mlm * shares["enc_mlm"], out.dec_mlm * shares["dec_mlm"]
+        weights = model.config
+        return {"loss": weights.enc_weight * enc + weights.dec_weight * dec, "enc_mlm": enc, "dec_mlm": dec}
+
+    def step(m, batch, backward):
         device = next(m.parameters()).device
-        return m(**{k: v.to(device) for k, v in batch.items()}).as_dict()
+        batch = {k: v.to(device) for k, v in batch.items()}
+        return share_chunks_step(m, batch, args.chunk_size, units, chunk_loss, backward)
 
     train_and_save(
-        model, items, make_batch, step, BottleneckedMAE, tokenizer, args, {"corpus_counts": counts}
+        model,
+        items,
+        make_batch,
+        step,
+        BottleneckedMAE,
+        tokenizer,
+        args,
+        {"corpus_counts": counts},
+        manual_backward=True,
     )
 
 

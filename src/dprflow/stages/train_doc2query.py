@@ -32,7 +32,9 @@ from dprflow.pretraining.query_as_context.doc2query import (
     split_by_query,
     training_pairs,
 )
-from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
+from dprflow.stage_args import OptimArgs
+from dprflow.training.devices import set_seed
+from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.train_doc2query")
 

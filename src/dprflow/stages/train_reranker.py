@@ -16,8 +16,16 @@ from dprflow.finetuning.cross_encoder import CrossEncoder
 from dprflow.finetuning.examples import GroupTrainingArgs, read_training_examples, sample_group
 from dprflow.finetuning.losses import listwise_ce
 from dprflow.finetuning.reranking import tokenize_pairs
-from dprflow.training.memory import check_training_memory
-from dprflow.training.trainer import set_seed, train_and_save
+from dprflow.training.devices import set_seed
+from dprflow.training.memory import (
+    EncoderShape,
+    StepMemory,
+    check_training_memory,
+    per_process,
+    world_size,
+)
+from dprflow.training.steps import share_chunks_step
+from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.train_reranker")
 
@@ -36,6 +44,28 @@ class Args(GroupTrainingArgs):
         },
     )
     method: str | None = field(default=None, metadata={"help": "pre-training method, for the model card"})
+    chunk_size: int = field(
+        default=0,
+        metadata={
+            "help": "queries (with their groups) per sub-batch, each weighted by its share of the "
+            "batch: the whole batch's gradient with one sub-batch in memory (0: the whole batch)"
+        },
+    )
+
+    def check(self) -> None:
+        if self.chunk_size < 0:
+            raise ValueError(f"--chunk-size must be >= 0, got {self.chunk_size}")
+
+
+def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> StepMemory:
+    """What a step of one process holds: the (query, passage) pairs of its share of the batch,
+    one micro-batch and one chunk of queries of it at a time (``shape``, the encoder's, adds
+    nothing here: the same call as every training stage's)."""
+    world = world_size() if world is None else world
+    queries = per_process(args.batch_size, world, args.gradient_accumulation_steps, args.chunk_size)
+    return StepMemory(
+        ((queries * args.group_size, args.max_length),), checkpointing=args.gradient_checkpointing
+    )
 
 
 def train(args: Args) -> None:
@@ -50,10 +80,11 @@ def train(args: Args) -> None:
     G = args.group_size
     check_training_memory(
         model,
-        [(args.batch_size * G, args.max_length)],
+        step_memory(args, EncoderShape.of(model)),
         args.mem_mb,
         ["finetune.reranker.batch_size", "finetune.reranker.group_size", "finetune.reranker.max_length"],
         args.precision,
+        chunk_key="finetune.reranker.chunk_size",
     )
 
     def make_batch(rng, batch_items):
@@ -65,13 +96,28 @@ def train(args: Args) -> None:
             args.max_length,
         )
 
-    def step(m, batch):
+    def units(chunk):
+        return {"loss": len(chunk["input_ids"]) // G}  # queries: the loss is a mean over them
+
+    def chunk_loss(m, chunk, shares):
+        scores = m(**chunk).view(-1, G)  # [B, G], the positive in column 0
+        return {"loss": listwise_ce(scores) * shares["loss"]}
+
+    def step(m, batch, backward):
         device = next(m.parameters()).device
-        scores = m(**batch.to(device)).view(-1, G)  # [B, G], the positive in column 0
-        return {"loss": listwise_ce(scores)}
+        batch = {k: v.to(device) for k, v in batch.items()}
+        return share_chunks_step(m, batch, args.chunk_size * G, units, chunk_loss, backward)
 
     train_and_save(
-        model, items, make_batch, step, CrossEncoder, tokenizer, args, {"training_queries": counts}
+        model,
+        items,
+        make_batch,
+        step,
+        CrossEncoder,
+        tokenizer,
+        args,
+        {"training_queries": counts},
+        manual_backward=True,
     )
 
 

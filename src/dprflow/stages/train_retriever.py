@@ -22,7 +22,14 @@ from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer
 from dprflow.finetuning.examples import GroupTrainingArgs, read_training_examples, sample_group
 from dprflow.finetuning.losses import contrastive_loss, distillation_loss
 from dprflow.training import distributed
-from dprflow.training.memory import check_training_memory
+from dprflow.training.memory import (
+    EncoderShape,
+    StepMemory,
+    check_training_memory,
+    contrastive_cache_bytes,
+    per_process,
+    world_size,
+)
 from dprflow.training.steps import biencoder_step
 from dprflow.training.trainer import train_and_save
 
@@ -96,6 +103,25 @@ class Args(GroupTrainingArgs):
             raise ValueError(f"--chunk-size must be >= 0, got {self.chunk_size}")
 
 
+def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> StepMemory:
+    """What a step of one process holds: its queries and passages (one micro-batch of them), or
+    with the gradient cache one chunk of the larger side plus every embedding, the scores and
+    their gradients (in-batch negatives: each query against the passages of all processes)."""
+    world = world_size() if world is None else world
+    k, chunk = args.gradient_accumulation_steps, args.chunk_size
+    queries = per_process(args.batch_size, world, k)
+    passages = per_process(args.batch_size * args.group_size, world, k)
+    q_len, p_len = args.max_query_length, args.max_passage_length
+    if not chunk or (chunk >= queries and chunk >= passages):
+        return StepMemory(((queries, q_len), (passages, p_len)), checkpointing=args.gradient_checkpointing)
+    sides = [(min(queries, chunk), q_len), (min(passages, chunk), p_len)]
+    return StepMemory(
+        (max(sides, key=lambda side: side[0] * side[1]),),
+        buffer_bytes=contrastive_cache_bytes(queries, passages * world, shape.hidden_size),
+        checkpointing=args.gradient_checkpointing,
+    )
+
+
 def train(args: Args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -121,10 +147,11 @@ def train(args: Args) -> None:
     section = "finetune.distill" if args.teacher else "finetune.retriever"
     check_training_memory(
         model,
-        [(args.batch_size, args.max_query_length), (args.batch_size * G, args.max_passage_length)],
+        step_memory(args, EncoderShape.of(model)),
         args.mem_mb,
         [f"{section}.batch_size", f"{section}.group_size", "finetune.max_passage_length"],
         args.precision,
+        chunk_key=f"{section}.chunk_size",
     )
 
     def make_batch(rng, batch_items):

@@ -1,8 +1,8 @@
 """The peak memory of a training step, estimated before the step allocates it.
 
-A group-trained stage feeds ``batch_size x group_size`` passages (and ``batch_size`` queries)
-through a Transformer at once; a group or batch set too large used to grow until the operating
-system killed the job, with no error line. :func:`check_training_memory` compares an estimate
+Every training stage (retrievers, reranker, and each pre-training method: Condenser, coCondenser,
+Contriever, BMAE / CDMAE / CoT-MAE, the query-as-context variants) describes what one of its
+steps holds at once as a :class:`StepMemory`; :func:`check_training_memory` compares the estimate
 with what the job was given (the Snakemake rule's ``resources.mem_mb``, passed as ``--mem-mb``),
 what the machine has (its RAM or cgroup limit; on a GPU, the device's memory) and stops with the
 estimate, the figure it was compared with, and the config keys that change it. On a GPU the
@@ -10,21 +10,34 @@ estimate is only logged, with a warning when it is above the device's memory: fu
 kernels keep no ``s x s`` scores there, so the bound below can be far above the real peak.
 
 The estimate is an upper bound for a BERT-like encoder: parameters with their gradients and the
-two AdamW moments (16 bytes per fp32 parameter) plus the activations a backward pass keeps, per
-layer and sequence of ``s`` tokens (Korthikanti et al. 2022, "Reducing Activation Recomputation
-in Large Transformer Models", section 4.1, generalised to an intermediate size ``I``)::
+two AdamW moments (16 bytes per fp32 parameter trained, 4 per parameter held without gradient,
+such as MoCo's key encoder) plus the activations a backward pass keeps, per Transformer layer and
+sequence of ``s`` tokens (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models", section 4.1, generalised to an intermediate size ``I``)::
 
     18 s h + 4 s I + 5 a s^2   bytes with 16-bit activations (twice that in fp32)
 
 for hidden size ``h`` and ``a`` attention heads, every sequence taken at its maximum length (a
-batch is padded to its longest), plus a fixed allowance for the process itself.
+batch is padded to its longest). With gradient checkpointing a layer keeps only its input
+(``s h`` values) and one layer's activations are rebuilt at a time. On top come the extra costs
+of each method: the layers a sequence runs through besides the encoder (Condenser's head, an MAE's
+decoder), the MLM logits of the masked tokens (``[M, V]``, kept with their fp32 log-softmax for
+the cross-entropy's backward, and their gradient), tensors such as MoCo's queue or a gradient
+cache's representations, the gradients of one layer's activations while the backward passes
+through it, and a fixed allowance for the process itself.
+
+A step's rows are those one process holds at once: a batch of ``B`` over ``W`` processes with
+``k`` accumulation micro-batches holds ``B / W / k``; a gradient cache (``chunk_size``) holds the
+activations of one chunk (plus every row's representation and its cached gradient).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +45,67 @@ import torch
 
 log = logging.getLogger(__name__)
 
-# Python, torch, the tokenizer and the training data of a small run.
-PROCESS_BYTES = 512 * 2**20
+# Python, torch, transformers, the tokenizer and the training data of a small run: a stage with
+# all-MiniLM-L6-v2 loaded held 761 MB RSS before its first step, 106 MB of it the weights.
+PROCESS_BYTES = 768 * 2**20
 MB = 2**20
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class EncoderShape:
+    """The sizes of a Transformer encoder the estimate needs (no weights)."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    vocab_size: int
+    params: int  # the encoder's parameters, embeddings included
+
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one Transformer layer (attention, feed-forward, two LayerNorms)."""
+        h, inner = self.hidden_size, self.intermediate_size
+        return 4 * h * h + 2 * h * inner + 9 * h + inner
+
+    @property
+    def mlm_head_params(self) -> int:
+        """BERT's MLM head without its decoder weight (tied to the embeddings): transform, bias."""
+        return self.hidden_size * self.hidden_size + 3 * self.hidden_size + self.vocab_size
+
+    @classmethod
+    def of(cls, model_or_config: Any) -> EncoderShape:
+        """From a model holding a Hugging Face encoder (its parameters counted) or from a config
+        (the encoder built on the meta device to count them: no memory, no weights read)."""
+        if isinstance(model_or_config, torch.nn.Module):
+            config = encoder_config(model_or_config)
+            params = sum(p.numel() for p in model_or_config.parameters())
+        else:
+            from transformers import AutoModel
+
+            config = model_or_config
+            with torch.device("meta"):
+                params = sum(p.numel() for p in AutoModel.from_config(config).parameters())
+        h = config.hidden_size
+        return cls(
+            h,
+            config.num_hidden_layers,
+            config.num_attention_heads,
+            getattr(config, "intermediate_size", 4 * h),
+            getattr(config, "vocab_size", 0),
+            params,
+        )
+
+
+def encoder_shape(init: str) -> EncoderShape:
+    """The shape of the encoder a stage starts from (``model.init``, a packaged name, a saved
+    model folder or a hub id), read from its ``config.json`` only."""
+    from transformers import AutoConfig
+
+    from dprflow.model_init import resolve_model
+
+    return EncoderShape.of(AutoConfig.from_pretrained(resolve_model(init)))
 
 
 def encoder_config(model: torch.nn.Module) -> Any:
@@ -46,22 +117,98 @@ def encoder_config(model: torch.nn.Module) -> Any:
     raise ValueError(f"{type(model).__name__} holds no Transformer with a Hugging Face config")
 
 
-def activation_bytes(config: Any, length: int, bytes_per_value: int) -> int:
-    """Activations one sequence of ``length`` tokens keeps for the backward pass, all layers."""
-    h, a = config.hidden_size, config.num_attention_heads
-    inner = getattr(config, "intermediate_size", 4 * h)
+@dataclass(frozen=True)
+class StepMemory:
+    """What one training step of one process holds at its peak."""
+
+    # (rows, tokens) run through the whole encoder with a graph, at once
+    sequences: tuple[tuple[int, int], ...]
+    # (rows, tokens, layers) run with a graph through layers besides the encoder (Condenser head,
+    # MAE decoder)
+    extra_layers: tuple[tuple[int, int, int], ...] = ()
+    masked_tokens: int = 0  # MLM targets scored against the vocabulary ([M, V] logits), all MLM losses
+    extra_params: int = 0  # trained parameters besides the encoder's (head, decoder, projection)
+    frozen_params: int = 0  # parameters held without gradient or optimizer state (MoCo key encoder)
+    buffer_bytes: int = 0  # other tensors kept through the step (MoCo queue, cached representations)
+    checkpointing: bool = False  # gradient checkpointing in the encoder
+
+    def describe(self) -> str:
+        parts = [f"{n} sequences of {length} tokens" for n, length in self.sequences]
+        parts += [f"{n} x {length} tokens through {k} more layers" for n, length, k in self.extra_layers]
+        if self.masked_tokens:
+            parts.append(f"{self.masked_tokens} masked tokens' logits")
+        if self.frozen_params:
+            parts.append(f"{self.frozen_params} frozen parameters")
+        if self.buffer_bytes:
+            parts.append(f"{self.buffer_bytes // MB} MB of buffers")
+        return " + ".join(parts)
+
+
+def per_process(rows: int, world: int = 1, accumulation: int = 1, chunk: int = 0) -> int:
+    """Rows one process runs through the model at once: its share of ``rows``, one micro-batch
+    of it, and at most one gradient-cache chunk (``chunk`` 0: no cache)."""
+    local = -(-rows // max(1, world))
+    local = -(-local // max(1, accumulation))
+    return min(local, chunk) if chunk else local
+
+
+def contrastive_cache_bytes(rows: int, columns: int, hidden_size: int) -> int:
+    """A contrastive loss over ``rows x columns`` scores of ``hidden_size`` representations: the
+    representations and their (cached) gradients, and the scores with their softmax and gradient,
+    in fp32."""
+    return FP32 * (2 * (rows + columns) * hidden_size + 3 * rows * columns)
+
+
+def activation_bytes(
+    shape: EncoderShape, length: int, bytes_per_value: int, layers: int | None = None
+) -> int:
+    """Activations one sequence of ``length`` tokens keeps for the backward pass in ``layers``
+    layers shaped like the encoder's (all of the encoder's by default)."""
+    h, a, inner = shape.hidden_size, shape.num_attention_heads, shape.intermediate_size
     per_layer_16bit = 18 * length * h + 4 * length * inner + 5 * a * length * length
-    return config.num_hidden_layers * per_layer_16bit * bytes_per_value // 2
+    n_layers = shape.num_hidden_layers if layers is None else layers
+    return n_layers * per_layer_16bit * bytes_per_value // 2
+
+
+def as_step(step: StepMemory | Sequence[tuple[int, int]]) -> StepMemory:
+    if isinstance(step, StepMemory):
+        return step
+    return StepMemory(tuple((int(n), int(length)) for n, length in step))
 
 
 def estimate_step_bytes(
-    model: torch.nn.Module, shapes: Sequence[tuple[int, int]], bytes_per_value: int = 4
+    model: torch.nn.Module | EncoderShape,
+    step: StepMemory | Sequence[tuple[int, int]],
+    bytes_per_value: int = 4,
 ) -> int:
-    """Peak bytes of one optimizer step: ``shapes`` lists (sequences, tokens each) fed per step."""
-    config = encoder_config(model)
-    params = sum(p.numel() for p in model.parameters())
-    acts = sum(n * activation_bytes(config, length, bytes_per_value) for n, length in shapes)
-    return PROCESS_BYTES + 16 * params + acts
+    """Peak bytes of one optimizer step of ``model`` (a model holding a Hugging Face encoder, or
+    its :class:`EncoderShape`). ``step``: a :class:`StepMemory`, or a list of (sequences, tokens
+    each) fed through the encoder at once."""
+    shape = model if isinstance(model, EncoderShape) else EncoderShape.of(model)
+    step = as_step(step)
+    acts = 0
+    # The backward of a layer holds the gradients of its activations beside everything saved:
+    # one layer's worth for the largest group of rows (and one rebuilt layer with checkpointing).
+    layer = max(
+        [n * activation_bytes(shape, length, bytes_per_value, layers=1) for n, length in step.sequences]
+        + [
+            n * activation_bytes(shape, length, bytes_per_value, layers=1)
+            for n, length, _ in step.extra_layers
+        ]
+    )
+    acts += layer * (2 if step.checkpointing else 1)
+    for n, length in step.sequences:
+        if step.checkpointing:  # each layer's input kept, one layer rebuilt at a time
+            acts += n * shape.num_hidden_layers * length * shape.hidden_size * bytes_per_value
+        else:
+            acts += n * activation_bytes(shape, length, bytes_per_value)
+    for n, length, layers in step.extra_layers:
+        acts += n * activation_bytes(shape, length, bytes_per_value, layers=layers)
+    # The logits in the forward's precision, their log-softmax in fp32 (cross-entropy autocasts),
+    # and in the backward the logits' fp32 gradient.
+    acts += step.masked_tokens * shape.vocab_size * (bytes_per_value + 2 * FP32)
+    trained = shape.params + step.extra_params
+    return PROCESS_BYTES + 16 * trained + FP32 * step.frozen_params + step.buffer_bytes + acts
 
 
 def machine_bytes() -> int | None:
@@ -80,20 +227,56 @@ def machine_bytes() -> int | None:
     return total
 
 
+def world_size() -> int:
+    """Processes sharing a batch (torchrun's ``WORLD_SIZE``; 1 without torchrun)."""
+    return max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
+
+
+def bytes_per_value(precision: str, cuda: bool) -> int:
+    """Bytes of one activation: 16-bit under mixed precision on a GPU, else fp32."""
+    return 2 if cuda and precision != "fp32" else FP32
+
+
+def masked_per_row(probability: float, tokens: int) -> int:
+    """MLM targets of a row of ``tokens`` maskable tokens (:mod:`dprflow.pretraining.masking`
+    selects ``max(1, round(p n))``; whole-word masking a few more)."""
+    return max(1, math.ceil(probability * tokens))
+
+
+def memory_message(
+    estimate: int, step: StepMemory, limit: int, what: str, keys: Sequence[str], chunk_key: str | None = None
+) -> str:
+    """The message of a step above a limit: the estimate, what it is made of, the limit and the
+    config keys that lower it (``chunk_key``: the stage's exact sub-batching, named first)."""
+    fixes = (
+        [f"set or lower {chunk_key} (the same gradient, one chunk in memory at a time)"] if chunk_key else []
+    )
+    fixes.append(f"lower {', '.join(keys)}")
+    if not step.checkpointing:
+        fixes.append("set training.gradient_checkpointing (the same gradient, about a third slower)")
+    return (
+        f"a training step needs about {estimate // MB} MB (estimated from {step.describe()} per "
+        f"process) but {what} is {limit // MB} MB; {', or '.join(fixes)}, or give the job more memory"
+    )
+
+
 def check_training_memory(
-    model: torch.nn.Module,
-    shapes: Sequence[tuple[int, int]],
+    model: torch.nn.Module | EncoderShape,
+    step: StepMemory | Sequence[tuple[int, int]],
     mem_mb: int,
     keys: Sequence[str],
     precision: str = "auto",
+    chunk_key: str | None = None,
 ) -> int:
     """Stop (``ValueError``) when the estimated peak of a step is above what the job was given
-    (``mem_mb``, 0: not given) or what the machine or GPU has; return the estimate in bytes."""
-    # Under torchrun each process holds its share of the batch.
-    world = max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
-    shapes = [(-(-n // world), length) for n, length in shapes]
+    (``mem_mb``, 0: not given) or what the machine or GPU has; return the estimate in bytes.
+
+    A plain list of (sequences, tokens) is the whole batch and is shared among the processes
+    here; a :class:`StepMemory` already holds one process's rows (:func:`per_process`)."""
+    if not isinstance(step, StepMemory):
+        step = StepMemory(tuple((per_process(n, world_size()), length) for n, length in step))
     cuda = torch.cuda.is_available()
-    estimate = estimate_step_bytes(model, shapes, 2 if cuda and precision != "fp32" else 4)
+    estimate = estimate_step_bytes(model, step, bytes_per_value(precision, cuda))
     limits = []
     if cuda:
         device = torch.cuda.current_device()
@@ -111,11 +294,7 @@ def check_training_memory(
     )
     for limit, what in limits:
         if estimate > limit:
-            message = (
-                f"a training step needs about {estimate // MB} MB (estimated from "
-                f"{' + '.join(f'{n} sequences of {length} tokens' for n, length in shapes)} per process) "
-                f"but {what} is {limit // MB} MB; lower {', '.join(keys)}, or give the job more memory"
-            )
+            message = memory_message(estimate, step, limit, what, keys, chunk_key)
             if cuda:
                 log.warning("%s (an upper bound on a GPU: training goes on)", message)
                 break

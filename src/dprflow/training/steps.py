@@ -10,7 +10,10 @@ mean (eq. 7). With one process every helper is the identity and nothing changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+import contextvars
+import logging
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -24,6 +27,47 @@ from dprflow.pretraining.condenser.model import (
 from dprflow.pretraining.masking import IGNORE_INDEX
 from dprflow.training import distributed
 from dprflow.training.gradcache import ChunkLoss, gradcache_step, split_batch
+from dprflow.training.memory import activation_bytes, encoder_config
+
+log = logging.getLogger(__name__)
+
+# Bytes one gradient-cache chunk's activations may take (the Trainer sets it with
+# training.chunk_from_memory on a GPU); None: the configured chunk_size as it is.
+_CHUNK_BUDGET: contextvars.ContextVar[int | None] = contextvars.ContextVar("chunk_budget", default=None)
+_told_chunks: set[tuple[int, int]] = set()
+
+
+@contextlib.contextmanager
+def chunk_budget(budget: int | None) -> Iterator[None]:
+    """Within the block, gradient caches choose their chunk from ``budget`` bytes (:func:`fitting_chunk`)."""
+    token = _CHUNK_BUDGET.set(budget)
+    try:
+        yield
+    finally:
+        _CHUNK_BUDGET.reset(token)
+
+
+def fitting_chunk(model: nn.Module, chunk_size: int, length: int, rows: int) -> int:
+    """The chunk a gradient cache encodes: ``chunk_size``, or with a budget (:func:`chunk_budget`)
+    the largest number of sequences of ``length`` tokens whose activations fit in it (upper bound
+    of :mod:`dprflow.training.memory`), at least ``chunk_size`` and at most ``rows``. The cache's
+    gradient is the same for any chunk size (to float rounding); a larger chunk runs fewer, fuller
+    kernels, so the cache costs its second forward and little more."""
+    budget = _CHUNK_BUDGET.get()
+    if not chunk_size or budget is None:
+        return chunk_size
+    device_type = next(model.parameters()).device.type
+    half = torch.is_autocast_enabled(device_type)
+    per_row = activation_bytes(encoder_config(model), length, 2 if half else 4)
+    chosen = min(rows, max(chunk_size, budget // max(per_row, 1)))
+    if (chunk_size, chosen) not in _told_chunks:
+        _told_chunks.add((chunk_size, chosen))
+        log.info(
+            "gradient cache: chunks of %d (chunk_size %d; the largest that fits the memory)",
+            chosen,
+            chunk_size,
+        )
+    return chosen
 
 
 def masked_count(labels: torch.Tensor) -> int:
@@ -93,7 +137,8 @@ def cocondenser_gradcache_step(
         backward_fn: see :func:`dprflow.training.gradcache.gradcache_step` (fp16 grad scaling).
     """
     core = unwrap(model)
-    chunks = split_batch(batch, chunk_size)
+    rows, length = batch["input_ids"].shape
+    chunks = split_batch(batch, fitting_chunk(model, chunk_size, length, rows))
     counts = [masked_count(c["labels"]) for c in chunks]  # masked tokens per chunk
     total = max(global_masked_count(sum(counts), batch["labels"].device), 1)
     world, rank = distributed.get_world_size(), distributed.get_rank()
@@ -151,6 +196,8 @@ def biencoder_step(
     """
     n_queries = len(query_inputs["input_ids"])
     n_passages = len(passage_inputs["input_ids"])
+    length = max(query_inputs["input_ids"].shape[1], passage_inputs["input_ids"].shape[1])
+    chunk_size = fitting_chunk(model, chunk_size, length, max(n_queries, n_passages))
     if not chunk_size or (chunk_size >= n_queries and chunk_size >= n_passages):
         q, p = model(query_inputs, passage_inputs)
         out = _as_loss_dict(loss_fn(q, p))
@@ -191,3 +238,49 @@ def _as_loss_dict(out: torch.Tensor | Mapping[str, torch.Tensor]) -> dict[str, t
     if hasattr(out, "_asdict"):  # a NamedTuple such as DistillationLoss
         return dict(out._asdict())
     return dict(out)
+
+
+def share_chunks_step(
+    model: nn.Module,
+    batch: Mapping[str, torch.Tensor],
+    chunk_rows: int,
+    units: Callable[[Mapping[str, torch.Tensor]], Mapping[str, int]],
+    chunk_loss: Callable[
+        [nn.Module, Mapping[str, torch.Tensor], Mapping[str, float]], Mapping[str, torch.Tensor]
+    ],
+    backward_fn: Callable[[torch.Tensor], None],
+) -> dict[str, torch.Tensor]:
+    """Back-propagate a loss made of means over units (masked tokens, queries) in sub-batches of
+    ``chunk_rows`` rows, each term of a sub-batch weighted by its share of the batch's units, so
+    the accumulated gradient is that of the whole batch's loss (0: the whole batch at once).
+
+    Unlike the trainer's gradient accumulation, whose micro-batches each take their own mean (a
+    token mean per micro-batch), the batch's means are kept exactly: for a mean over a batch's
+    ``N`` units, ``sum_c (n_c / N) mean_c = mean``. This suits losses with no term coupling the
+    rows of a batch (an MAE's two MLM losses, CDMAE eq. 9; a reranker's list-wise loss over each
+    query's own group); a contrastive loss needs the gradient cache instead.
+
+    Args:
+        units: ``units(chunk)``, each term's units in a chunk (``{"enc_mlm": masked tokens}``).
+        chunk_loss: ``chunk_loss(model, chunk, shares) -> {"loss": ..., term: ...}``: the chunk's
+            loss with each term's mean multiplied by ``shares[term]`` (its share of the batch's
+            units); the other values returned are summed over the chunks (the batch's terms).
+        backward_fn: called once per chunk on its ``loss`` (fp16 loss scaling).
+    Returns:
+        The sums over the chunks, detached: the batch's loss and terms.
+    """
+    rows = len(next(iter(batch.values())))
+    chunks = split_batch(dict(batch), chunk_rows) if chunk_rows and chunk_rows < rows else [dict(batch)]
+    counts = [units(chunk) for chunk in chunks]
+    totals = {term: sum(c[term] for c in counts) for term in counts[0]}
+    sums: dict[str, torch.Tensor] = {}
+    no_sync = getattr(model, "no_sync", None)  # DDP: all-reduce once, in the last chunk's backward
+    for index, (chunk, count) in enumerate(zip(chunks, counts, strict=True)):
+        shares = {term: count[term] / max(totals[term], 1) for term in totals}
+        last = index == len(chunks) - 1
+        with contextlib.nullcontext() if (no_sync is None or last) else no_sync():
+            out = chunk_loss(model, chunk, shares)
+            backward_fn(out["loss"])
+        for name, value in out.items():
+            sums[name] = sums[name] + value.detach() if name in sums else value.detach()
+    return sums

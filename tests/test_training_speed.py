@@ -1,0 +1,166 @@
+"""The speed switches of the config's training section (issue 25) leave the math as it is: the
+loss and the gradients (or the update) with a switch on equal those with it off, to float
+tolerance, on the CPU. The GPU-only effects (TF32, fused kernels on CUDA) are in test_gpu.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from transformers import BatchEncoding, BertConfig, BertForMaskedLM
+
+from dprflow.training import devices
+from dprflow.training.optim import TrainArgs, adamw
+from dprflow.training.trainer import Trainer
+
+TINY = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+
+
+def tiny_mlm(seed: int = 0, dropout: float = 0.0) -> BertForMaskedLM:
+    torch.manual_seed(seed)
+    config = BertConfig(**TINY, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    return BertForMaskedLM(config)
+
+
+def padded_batch(seed: int = 0, rows: int = 6, length: int = 12) -> dict[str, torch.Tensor]:
+    """MLM inputs of different lengths (padding masked out), 20% of the real tokens as labels."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, TINY["vocab_size"], (rows, length), generator=g)
+    lengths = torch.randint(3, length + 1, (rows,), generator=g)
+    mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
+    ids = ids * mask
+    labels = torch.where((torch.rand(rows, length, generator=g) < 0.2) & mask.bool(), ids, -100)
+    labels[:, 0] = ids[:, 0]  # at least one label per row
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def mlm_step(model, batch):
+    return {"loss": model(**batch).loss}
+
+
+def trainer_for(model, args: TrainArgs, tmp_path: Path, batches=None) -> Trainer:
+    batches = batches or [padded_batch(i) for i in range(8)]
+    return Trainer(
+        model,
+        list(range(len(batches))),
+        lambda rng, items: batches[items[0]],
+        mlm_step,
+        lambda m, d: m.save_pretrained(d),
+        args,
+        tmp_path / "ckpt",
+        {"test": 1},
+    )
+
+
+def loss_and_grads(model, args: TrainArgs, tmp_path: Path) -> tuple[float, dict[str, torch.Tensor]]:
+    trainer = trainer_for(model, dataclasses.replace(args, batch_size=1), tmp_path)
+    trainer.model.train()
+    out = trainer._accumulate(devices.to_device(padded_batch(0), trainer.dist.device))
+    grads = {n: p.grad.cpu() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    return float(out["loss"].detach()), grads
+
+
+def assert_close(a: tuple[float, dict], b: tuple[float, dict], tol: float) -> None:
+    assert a[1].keys() == b[1].keys() and len(a[1]) > 20
+    assert math.isclose(a[0], b[0], rel_tol=tol)
+    # Gradients that are zero in exact arithmetic (the attention key bias: softmax ignores a
+    # per-row constant) are rounding noise: compared against the largest gradient.
+    scale = max(g.abs().max().item() for g in b[1].values())
+    for name in a[1]:
+        torch.testing.assert_close(a[1][name], b[1][name], rtol=tol, atol=tol * scale, msg=name)
+
+
+def test_sdpa_attention_gives_the_eager_loss_and_gradients(tmp_path):
+    """Padded rows exercise the attention mask; SDPA is transformers' default for BERT."""
+    eager = loss_and_grads(tiny_mlm(), TrainArgs(attention="eager"), tmp_path / "e")
+    model = tiny_mlm()
+    sdpa = loss_and_grads(model, TrainArgs(attention="sdpa"), tmp_path / "s")
+    assert model.config._attn_implementation == "sdpa"
+    assert_close(sdpa, eager, 1e-5)
+
+
+def test_compiled_encoder_gives_the_eager_loss_and_gradients(tmp_path, monkeypatch):
+    """torch.compile of the Transformer (the aot_eager backend here: the same graph capture and
+    autograd as inductor without a C++ compiler; test_gpu.py compiles with inductor)."""
+    plain = loss_and_grads(tiny_mlm(), TrainArgs(), tmp_path / "p")
+    compile_ = devices.compile_transformers
+    monkeypatch.setattr(
+        "dprflow.training.trainer.compile_transformers", lambda m: compile_(m, backend="aot_eager")
+    )
+    model = tiny_mlm()
+    compiled = loss_and_grads(model, TrainArgs(compile=True), tmp_path / "c")
+    assert model._compiled_call_impl is not None  # compiled in place: the weights keep their names
+    assert set(model.state_dict()) == set(tiny_mlm().state_dict())
+    assert_close(compiled, plain, 1e-5)
+
+
+def test_tf32_and_fused_switches_leave_the_cpu_step_as_it_is(tmp_path):
+    """On a CPU TF32 and the fused kernel are not used: the step is bit for bit the same."""
+    off = loss_and_grads(tiny_mlm(), TrainArgs(tf32=False, fused_adamw=False), tmp_path / "off")
+    on = loss_and_grads(tiny_mlm(), TrainArgs(tf32=True, fused_adamw=True), tmp_path / "on")
+    assert_close(on, off, 0.0)
+
+
+def test_fused_adamw_gives_the_same_update():
+    """torch's fused AdamW (one kernel over every weight) against its loop: three steps on the
+    same gradients (copied from the first model) give the same weights."""
+    models = [tiny_mlm(), tiny_mlm()]
+    optimizers = [
+        adamw(m, TrainArgs(learning_rate=1e-3), fused=f) for m, f in zip(models, (False, True), strict=True)
+    ]
+    assert optimizers[1].defaults["fused"] and not optimizers[0].defaults["fused"]
+    for step in range(3):
+        models[0](**padded_batch(step)).loss.backward()
+        for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+            b.grad = a.grad.clone()
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
+    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7, msg=name)
+    assert not torch.equal(
+        models[0].bert.embeddings.word_embeddings.weight, tiny_mlm().bert.embeddings.word_embeddings.weight
+    )
+
+
+def test_reading_the_loss_every_n_steps_logs_the_same_rows(tmp_path):
+    """log_every only changes when the values are read back: the same rows, every step."""
+    logs = {}
+    for every in (1, 3):
+        trainer = trainer_for(
+            tiny_mlm(), TrainArgs(batch_size=1, log_every=every, warmup_ratio=0.5), tmp_path / str(every)
+        )
+        logs[every] = pd.DataFrame(trainer.train(lambda m, d: None, tmp_path / str(every) / "log.csv"))
+    assert logs[1]["step"].tolist() == logs[3]["step"].tolist() == list(range(1, 9))
+    pd.testing.assert_frame_equal(logs[1], logs[3])
+    written = pd.read_csv(tmp_path / "3" / "log.csv")
+    np.testing.assert_allclose(written["loss"], logs[1]["loss"], rtol=1e-12)
+
+
+def test_a_non_finite_loss_stops_at_the_next_read_naming_its_step(tmp_path):
+    batches = [padded_batch(i) for i in range(8)]
+    model = tiny_mlm()
+
+    def step(m, batch):
+        loss = m(**batch).loss
+        return {"loss": loss * float("nan") if batch is batches[2] else loss}
+
+    trainer = trainer_for(model, TrainArgs(batch_size=1, log_every=4), tmp_path, batches)
+    trainer.step_fn = step
+    with pytest.raises(FloatingPointError, match="loss is nan at step 3"):
+        trainer.train(lambda m, d: None, tmp_path / "log.csv")
+    assert not (tmp_path / "log.csv").exists()
+
+
+def test_batches_move_to_the_device_with_their_structure():
+    enc = BatchEncoding({"input_ids": torch.ones(2, 3, dtype=torch.long)})
+    batch = {"q": enc, "p": (torch.zeros(2), [torch.ones(1)]), "n": 3, "s": "x"}
+    moved = devices.to_device(batch, torch.device("cpu"))
+    assert isinstance(moved["q"], BatchEncoding) and torch.equal(moved["q"]["input_ids"], enc["input_ids"])
+    assert isinstance(moved["p"], tuple) and isinstance(moved["p"][1], list)
+    assert torch.equal(moved["p"][1][0], torch.ones(1)) and moved["n"] == 3 and moved["s"] == "x"
