@@ -1,4 +1,6 @@
-# Evaluation: per-query metrics of every run, then one comparison table over all of them.
+# Evaluation: per-query metrics of every run, then one comparison table over all of them. A row
+# scored on another collection than its own (<row>/on-<target>, rules/transfer.smk) is scored on
+# the target's queries and qrels.
 
 
 def compare_results_dir(wildcards, output):
@@ -28,36 +30,32 @@ def trained_on_collections():
     """Collections whose scored split is their training split (score_training_queries)."""
     return " ".join(
         shlex.quote(c)
-        for c, spec in config["collections"].items()
-        if spec["eval_split"] == spec["train_split"]
+        for c in training_collections()
+        if config["collections"][c]["eval_split"] == config["collections"][c]["train_split"]
     )
 
 
 def metrics_files():
-    return [
-        f"{RESULTS}/{c}/{s}/metrics.parquet"
-        for c in config["collections"]
-        for s in systems()
-    ]
+    return [f"{RESULTS}/{c}/{s}/metrics.parquet" for c, s in scored_rows()]
 
 
 def encoder_files():
     """The encoder.json of every dense row: the pooling and similarity the table shows."""
-    return [
-        f"{RESULTS}/{c}/{s}/encoder.json"
-        for c in config["collections"]
-        for s in systems()
-        if s != "bm25" and not s.endswith("/rerank")
-    ]
+    return [f"{RESULTS}/{c}/{s}/encoder.json" for c, s in scored_rows() if is_dense(s)]
+
+
+def row_order():
+    """The method order of the table's rows: the reference models first, then config methods."""
+    return [*REFERENCES, *config["methods"]]
 
 
 rule evaluate:
     input:
         code=stage_code("evaluate"),
         run=f"{RESULTS}/{{collection}}/{{system}}/run.parquet",
-        passages=rules.split_passages.output.passages,
-        queries=rules.ingest.output.queries,
-        qrels=rules.ingest.output.qrels,
+        passages=of_scored_collection(rules.split_passages.output.passages),
+        queries=of_scored_collection(rules.ingest.output.queries),
+        qrels=of_scored_collection(rules.ingest.output.qrels),
     output:
         metrics=f"{RESULTS}/{{collection}}/{{system}}/metrics.parquet",
     log:
@@ -71,7 +69,7 @@ rule evaluate:
         mem_mb=4000,
         runtime=30,
     params:
-        split=eval_split,
+        split=scored_eval_split,
         metrics=" ".join(config["evaluation"]["metrics"]),
     shell:
         "python -m dprflow.stages.evaluate --run {input.run} --passages {input.passages}"
@@ -99,16 +97,18 @@ rule compare:
         runtime=10,
     params:
         metrics=" ".join(config["evaluation"]["metrics"]),
-        methods=" ".join(config["methods"]),
+        methods=" ".join(row_order()),
         baseline=config["evaluation"]["baseline"],
         results=compare_results_dir,
         paper_references=paper_references(),
         splits=scored_splits(),
         trained_on=trained_on_collections(),
+        untrained=untrained_rows(),
     shell:
         "python -m dprflow.stages.compare --metrics-files {input.metrics} --results-dir {params.results}"
         " --encoder-files {input.encoders} --out-md {output.md} --out-csv {output.csv}"
         " --metrics {params.metrics}"
         " --methods {params.methods} --baseline {params.baseline}"
         " --splits {params.splits} --trained-on {params.trained_on}"
+        " --untrained-rows {params.untrained:q}"
         " --paper-references {params.paper_references} > {log} 2>&1"
