@@ -143,9 +143,12 @@ def read_st_prompts(path: str | Path) -> dict[str, str]:
     """The prompts a sentence-transformers folder puts before its inputs: ``{"query": ...,
     "passage": ...}``, ``""`` where it has none.
 
-    As ``SentenceTransformer.encode_query`` and ``encode_document`` choose them (sentence-transformers
-    6): ``prompts["query"]`` for a query and the first of ``prompts["document"]``, ``["passage"]``,
-    ``["corpus"]`` for a passage; a side without one gets ``default_prompt_name``'s prompt. The
+    As ``SentenceTransformer.encode_query`` and ``encode_document`` look for them:
+    ``prompts["query"]`` for a query and the first of ``prompts["document"]``, ``["passage"]``,
+    ``["corpus"]`` for a passage, among the prompts the folder names; a side without one gets
+    ``default_prompt_name``'s prompt. (sentence-transformers 6 adds an empty ``"document"`` prompt
+    to every model it loads, so its ``encode_document`` skips a ``"passage"`` prompt; the model's
+    card then says ``prompt_name="passage"``, which is what is used here.) The
     prompt is put before the text as it is (``prompt + text``). A folder whose ``Pooling`` leaves
     the prompt's tokens out (``include_prompt: false``, e.g. INSTRUCTOR) is refused, naming the
     file: dprflow pools every token and would give other embeddings than the model's own.
