@@ -128,3 +128,21 @@ def test_untrained_rows_keep_the_table_order(tmp_path):
         "none/r1",
     ]
     assert pd.Series(rows).nunique() == 5
+
+
+def test_a_model_init_with_prompts_is_refused_when_the_dag_is_built(tmp_path):
+    from dprflow.config import ConfigError, validate_config
+
+    schema = Path(__file__).resolve().parents[1] / "config" / "schema.yaml"
+    folder = prompted_model(tmp_path / "init", PROMPTS)
+    model_config = json.loads((folder / "config.json").read_text())  # positions for every default length
+    (folder / "config.json").write_text(json.dumps({**model_config, "max_position_embeddings": 512}))
+    config = {"collections": {"c": {"source": "embedded"}}, "model": {"init": str(folder)}}
+    with pytest.raises(ConfigError, match=r"model\.init = '.*init' puts prompts before its inputs"):
+        validate_config(config, schema)
+    # scored off the shelf only (nothing trained), it is accepted
+    config = {
+        "collections": {"c": {"source": "embedded", "evaluate_only": True}},
+        "model": {"init": str(folder)},
+    }
+    assert validate_config(config, schema)["model"]["init"] == str(folder)

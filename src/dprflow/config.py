@@ -10,8 +10,9 @@ training splits among those a collection declares and different from each other 
 ``score_training_queries`` says otherwise), metric names that ir_measures parses, span and crop
 ranges, and token lengths within the model's position limit (read offline from its
 ``config.json``; skipped when it cannot be read without the network), ``evaluate_on`` naming
-other collections of the config, and ``model.references`` giving distinct row names (a reference
-written as a path, starting with ``/``, ``.`` or ``~``, must exist). The baseline is checked
+other collections of the config, ``model.references`` giving distinct row names (a reference
+written as a path, starting with ``/``, ``.`` or ``~``, must exist), and a ``model.init`` to be
+fine-tuned that ships no sentence-transformers prompts. The baseline is checked
 against the rows the run produces by :func:`check_baseline`.
 """
 
@@ -314,10 +315,36 @@ def reference_models(config: dict) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _check_prompts(config: dict) -> list[str]:
+    """A model.init that ships sentence-transformers prompts cannot be fine-tuned (the stages do
+    not add them): said when the DAG is built, not when retriever 1 starts. Read offline, from a
+    packaged model or a local folder only."""
+    if all(spec["evaluate_only"] for spec in config["collections"].values()):
+        return []  # nothing is trained: its off-the-shelf row uses the prompts
+    from dprflow.finetuning.st_format import read_st_prompts
+    from dprflow.model_init import PACKAGED_MODELS, resolve_model
+
+    init = config["model"]["init"]
+    if init not in PACKAGED_MODELS and not Path(init).expanduser().is_dir():
+        return []
+    try:
+        prompts = read_st_prompts(resolve_model(init))
+    except ValueError as exc:
+        return [f"model.init: {exc}"]
+    if any(prompts.values()):
+        return [
+            f"model.init = {init!r} puts prompts before its inputs ({prompts}); fine-tuning does not add "
+            "them: start from a model without prompts, or score this one off the shelf (model.references, "
+            "or collections marked evaluate_only)"
+        ]
+    return []
+
+
 def _check_values(config: dict) -> list[str]:
     return (
         _check_transfer(config)
         + _references(config)[1]
+        + _check_prompts(config)
         + _check_paths(config)
         + _check_splits(config)
         + _check_metrics(config)
