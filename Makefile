@@ -21,15 +21,22 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,slurm]'
 	touch $@
 
+# Snakemake reads --configfile before the workflow starts and names no line for malformed YAML:
+# the config is parsed first, its errors named by file, line and column.
+CHECK_CONFIG = $(BIN)/python -m dprflow.config $(CONFIG)
+
 run: setup
+	$(CHECK_CONFIG)
 	$(BIN)/snakemake --profile profiles/local --cores $(CORES) --configfile $(CONFIG) $(SNAKEMAKE_ARGS)
 
 # The latest results against config/expected/ (OK or FAIL per row); fails on a FAIL.
 check: setup
+	$(CHECK_CONFIG)
 	$(BIN)/snakemake --profile profiles/local --cores 1 --configfile $(CONFIG) --forcerun check check
 
 # One HTML page: comparison with provenance, figures, config (after make run).
 report: setup
+	$(CHECK_CONFIG)
 	$(BIN)/snakemake --profile profiles/local --cores 1 --configfile $(CONFIG) --report results/report.html
 
 # Opens the report in headless Chromium (installed from Debian when missing) and checks that the
@@ -39,6 +46,7 @@ render-check: report
 	$(BIN)/python scripts/check_report_render.py --results results --report results/report.html
 
 dry-run: setup
+	$(CHECK_CONFIG)
 	$(BIN)/snakemake -n --cores $(CORES) --configfile $(CONFIG)
 
 test: setup

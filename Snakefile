@@ -10,11 +10,14 @@ min_version("8.20")
 
 # The library (config checking here; the stage modules in every job) lives in src/.
 sys.path.insert(0, f"{workflow.basedir}/src")
-from dprflow.config import check_baseline, reference_models, validate_config
+from dprflow.config import check_baseline, read_config_file, reference_models, validate_config
 
 # The default config, unless the command line names its own (--configfile replaces it whole, so a
 # config file for another collection does not inherit the default collection).
 if not workflow.overwrite_configfiles:
+    # Malformed YAML named by line and column (a --configfile is read by Snakemake before this
+    # file runs: `make run` and `python -m dprflow.config FILE` check it first).
+    read_config_file(f"{workflow.basedir}/config/config.yaml")
 
     configfile: "config/config.yaml"
 
@@ -42,7 +45,9 @@ include: "rules/report.smk"
 localrules:
     all,
     evaluate,
+    trec_qrels,
     compare,
+    export_model,
     nb_recall,
     mine_negatives,
     pmi,
@@ -54,6 +59,8 @@ rule all:
     default_target: True
     input:
         rules.compare.output,
+        trec_qrels_files(),
+        hub_folders(),
         nb_recall_files(),
         faiss_index_dirs(),
         rules.report_results.output,

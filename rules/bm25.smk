@@ -26,8 +26,8 @@ rule bm25_index:
         mem_mb=bm25_mem_mb,
         runtime=bm25_runtime,
     shell:
-        "python -m dprflow.stages.bm25_index --passages {input.passages} --index {output.index}"
-        " --threads {threads} > {log} 2>&1"
+        "python -m dprflow.stages.bm25_index --passages {input.passages:q} --index {output.index:q}"
+        " --threads {threads} > {log:q} 2>&1"
 
 
 rule bm25_search:
@@ -54,9 +54,9 @@ rule bm25_search:
         k1=config["bm25"]["k1"],
         b=config["bm25"]["b"],
     shell:
-        "python -m dprflow.stages.bm25_search --index {input.index} --queries {input.queries}"
-        " --split {params.split} --out {output.run} --trec {output.trec} --k {params.k}"
-        " --k1 {params.k1} --b {params.b} --threads {threads} > {log} 2>&1"
+        "python -m dprflow.stages.bm25_search --index {input.index:q} --queries {input.queries:q}"
+        " --split {params.split:q} --out {output.run:q} --trec {output.trec:q} --k {params.k:q}"
+        " --k1 {params.k1:q} --b {params.b:q} --threads {threads} > {log:q} 2>&1"
 
 
 rule bm25_negatives:
@@ -84,7 +84,7 @@ rule bm25_negatives:
         k1=config["bm25"]["k1"],
         b=config["bm25"]["b"],
     shell:
-        "python -m dprflow.stages.bm25_negatives --index {input.index} --queries {input.queries}"
-        " --qrels {input.qrels} --passages {input.passages} --split {params.split}"
-        " --out {output.negatives} --depth {params.depth} --k1 {params.k1} --b {params.b}"
-        " --threads {threads} > {log} 2>&1"
+        "python -m dprflow.stages.bm25_negatives --index {input.index:q} --queries {input.queries:q}"
+        " --qrels {input.qrels:q} --passages {input.passages:q} --split {params.split:q}"
+        " --out {output.negatives:q} --depth {params.depth:q} --k1 {params.k1:q} --b {params.b:q}"
+        " --threads {threads} > {log:q} 2>&1"

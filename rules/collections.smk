@@ -22,12 +22,12 @@ def ingest_inputs(wildcards):
 
 def ingest_flags(wildcards):
     spec = collection_spec(wildcards)
-    flags = [f"--source {spec['source']}"]
+    flags = [f"--source {q(spec['source'])}"]
     if spec["source"] == "embedded" and spec.get("max_documents") is not None:
-        flags.append(f"--max-documents {spec['max_documents']}")
+        flags.append(f"--max-documents {q(spec['max_documents'])}")
     if spec["source"] == "embedded":
         share = spec["split_percent"]
-        flags.append(f"--split-percent {share['train']} {share['dev']} {share['test']}")
+        flags.append(f"--split-percent {q(share['train'])} {q(share['dev'])} {q(share['test'])}")
     if spec["source"] == "beir":
         flags.append(f"--path {shlex.quote(spec['path'])}")
     if spec["source"] == "ir_datasets":
@@ -57,7 +57,31 @@ rule ingest:
         flags=ingest_flags,
         out_dir=ingest_out_dir,
     shell:
-        "python -m dprflow.stages.ingest {params.flags} --out-dir {params.out_dir} > {log} 2>&1"
+        "python -m dprflow.stages.ingest {params.flags} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+
+
+rule trec_qrels:
+    input:
+        code=stage_code("trec_qrels"),
+        queries=rules.ingest.output.queries,
+        qrels=rules.ingest.output.qrels,
+    output:
+        trec=f"{RESULTS}/{{collection}}/collection/qrels.{{split}}.trec",
+    log:
+        f"{LOGS}/{{collection}}/trec_qrels/{{split}}.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/trec_qrels/{{split}}.tsv"
+    wildcard_constraints:
+        split="[A-Za-z0-9_-]+",
+    conda:
+        "../envs/evaluation.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "python -m dprflow.stages.trec_qrels --queries {input.queries:q} --qrels {input.qrels:q}"
+        " --split {wildcards.split:q} --out {output.trec:q} > {log:q} 2>&1"
 
 
 rule split_passages:
@@ -78,8 +102,9 @@ rule split_passages:
         mem_mb=4000,
         runtime=30,
     params:
+        fingerprint=model_init_fingerprint,
         model=config["model"]["init"],
         max_tokens=config["passages"]["max_tokens"],
     shell:
-        "python -m dprflow.stages.split_passages --documents {input.documents} --out {output.passages}"
-        " --model {params.model} --max-tokens {params.max_tokens} > {log} 2>&1"
+        "python -m dprflow.stages.split_passages --documents {input.documents:q} --out {output.passages:q}"
+        " --model {params.model:q} --max-tokens {params.max_tokens:q} > {log:q} 2>&1"

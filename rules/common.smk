@@ -12,6 +12,8 @@ import re
 import shlex
 from pathlib import Path
 
+from dprflow.provenance import local_sha256
+
 # The stage modules run as `python -m dprflow.stages.<rule>`; the shell prefix makes the package
 # importable in every job (local, conda or cluster) without requiring it to be installed.
 SRC = f"{workflow.basedir}/src"
@@ -61,6 +63,19 @@ def local_paths(*values):
 def model_init_input(wildcards):
     """model.init when it is a local folder: an input of every rule that reads it."""
     return local_paths(config["model"]["init"])
+
+
+def content_fingerprint(*values):
+    """The SHA-256 of each setting among ``values`` that names a local file or folder, as a param
+    of the rules that read it: Snakemake reruns a job whose params changed, and a folder input
+    alone does not rerun anything when a file inside it is edited (the folder's own mtime does
+    not change). Hashes are kept in .snakemake/ keyed by the files' sizes and mtimes, so the
+    content is read again only after a change (nothing is written beside the user's folder)."""
+    return " ".join(f"{p}={local_sha256(p)}" for p in local_paths(*values))
+
+
+def model_init_fingerprint(wildcards):
+    return content_fingerprint(config["model"]["init"])
 
 
 def stage_code(name):
@@ -206,6 +221,19 @@ wildcard_constraints:
 PT = config["pretrain"]
 
 
+def condenser_model():
+    """The stage-one Condenser (coCondenser stage two's start and the condenser row's encoder):
+    pretrain.cocondenser.init (coCondenser 4.1: "the released Condenser"), else the model
+    pretrain_generic trains here."""
+    return PT["cocondenser"]["init"] or f"{RESULTS}/pretrain/condenser/generic/model"
+
+
+def condenser_stage_one():
+    """Stage one's model folder when pretrain_generic trains it here; none when stage two starts
+    from pretrain.cocondenser.init."""
+    return [] if PT["cocondenser"]["init"] else [condenser_model()]
+
+
 MAE_METHODS = ["bmae", "cdmae", "cotmae"]
 # Query-as-context (doc2query queries as the context of their passage) and the method whose
 # stage-one model and pre-training stage it shares.
@@ -221,6 +249,12 @@ wildcard_constraints:
     corpus="[A-Za-z0-9_-]+",
 
 
+def q(value):
+    """A value for a shell line, shell-quoted: no config value ever runs as a command (flag strings
+    are built from quoted values; the rules' shell lines quote the rest with {params.x:q})."""
+    return shlex.quote(str(value))
+
+
 def train_flags(section, keys):
     """`--key value` flags of a config section (booleans as true/false, null keys left out)."""
     flags = []
@@ -230,13 +264,13 @@ def train_flags(section, keys):
             continue
         if isinstance(value, bool):
             value = str(value).lower()
-        flags.append(f"--{key.replace('_', '-')} {value}")
+        flags.append(f"--{key.replace('_', '-')} {q(value)}")
     return " ".join(flags)
 
 
 def precision_flag():
     """The numeric precision of every stage that runs a model (training and inference)."""
-    return f"--precision {config['precision']}"
+    return f"--precision {q(config['precision'])}"
 
 
 def training_flags():
@@ -249,10 +283,10 @@ def training_flags():
 
 def optim_flags(section):
     return (
-        f" --batch-size {section['batch_size']} --group-size {section['group_size']}"
-        f" --learning-rate {section['learning_rate']} --weight-decay {section['weight_decay']}"
-        f" --warmup-ratio {section['warmup_ratio']} --epochs {section['epochs']}"
-        f" --max-steps {section['max_steps']}"
+        f" --batch-size {q(section['batch_size'])} --group-size {q(section['group_size'])}"
+        f" --learning-rate {q(section['learning_rate'])} --weight-decay {q(section['weight_decay'])}"
+        f" --warmup-ratio {q(section['warmup_ratio'])} --epochs {q(section['epochs'])}"
+        f" --max-steps {q(section['max_steps'])}"
     )
 
 
@@ -264,7 +298,7 @@ def training_launcher(wildcards, resources):
     gpus = int(resources.get("gpu", 0) or 0)
     if gpus <= 1:
         return "python"
-    return f"torchrun --standalone --nproc-per-node {gpus}"
+    return f"torchrun --standalone --nproc-per-node {q(gpus)}"
 
 
 # ---- cluster requests from config sizes --------------------------------------------------------

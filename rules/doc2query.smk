@@ -10,6 +10,11 @@ def doc2query_model_input(wildcards):
     return [f"{RESULTS}/{wildcards.collection}/doc2query/model"]
 
 
+def doc2query_model_fingerprint(wildcards):
+    """The content of a configured local generator folder (see content_fingerprint)."""
+    return content_fingerprint(PT["doc2query"]["model"])
+
+
 def doc2query_model(wildcards):
     return (
         PT["doc2query"]["model"] or f"{RESULTS}/{wildcards.collection}/doc2query/model"
@@ -29,10 +34,10 @@ def train_doc2query_flags(wildcards):
         "epochs",
         "max_steps",
     ]
-    flags = f"--seed {FT['seed']} {train_flags(d['train'], keys)}"
+    flags = f"--seed {q(FT['seed'])} {train_flags(d['train'], keys)}"
     return (
         flags
-        + f" --eval-splits {' '.join(eval_splits_of(wildcards))} {training_flags()}"
+        + f" --eval-splits {' '.join(map(q, eval_splits_of(wildcards)))} {training_flags()}"
     )
 
 
@@ -52,7 +57,7 @@ def doc2query_flags(wildcards):
         "batch_size",
         "max_passages",
     ]
-    flags = f"--seed {FT['seed']} {train_flags(d, keys)} {precision_flag()}"
+    flags = f"--seed {q(FT['seed'])} {train_flags(d, keys)} {precision_flag()}"
     if d["input_prefix"]:
         flags += f" --input-prefix {shlex.quote(d['input_prefix'])}"
     return flags
@@ -81,16 +86,17 @@ rule train_doc2query:
         checkpoint_every=FT["checkpoint_every"],
         num_workers=config["training"]["num_workers"],
     params:
+        fingerprint=model_init_fingerprint,
         launch=training_launcher,
         init=config["model"]["init"],
         split=train_split,
         flags=train_doc2query_flags,
         checkpoints=f"{RESULTS}/{{collection}}/doc2query/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.train_doc2query --init {params.init}"
-        " --queries {input.queries} --qrels {input.qrels} --passages {input.passages}"
-        " --split {params.split} --out {output.model} --checkpoint-dir {params.checkpoints}"
-        " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
+        "{params.launch} -m dprflow.stages.train_doc2query --init {params.init:q}"
+        " --queries {input.queries:q} --qrels {input.qrels:q} --passages {input.passages:q}"
+        " --split {params.split:q} --out {output.model:q} --checkpoint-dir {params.checkpoints:q}"
+        " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
 
 
 rule doc2query:
@@ -111,8 +117,9 @@ rule doc2query:
         mem_mb=8000,
         runtime=720,
     params:
+        fingerprint=doc2query_model_fingerprint,
         model=doc2query_model,
         flags=doc2query_flags,
     shell:
-        "python -m dprflow.stages.doc2query --model {params.model} --passages {input.passages}"
-        " --out {output.queries} {params.flags} --threads {threads} > {log} 2>&1"
+        "python -m dprflow.stages.doc2query --model {params.model:q} --passages {input.passages:q}"
+        " --out {output.queries:q} {params.flags} --threads {threads} > {log:q} 2>&1"

@@ -15,24 +15,40 @@ def paper_references():
         for c, spec in config["collections"].items()
         if spec["reference"]
     ]
-    return " ".join(shlex.quote(p) for p in pairs)
+    return pairs
 
 
 def scored_splits():
     """collection=split pairs: the query split each collection's comparison scores."""
-    return " ".join(
-        shlex.quote(f"{c}={spec['eval_split']}")
-        for c, spec in config["collections"].items()
-    )
+    return [f"{c}={spec['eval_split']}" for c, spec in config["collections"].items()]
 
 
 def trained_on_collections():
     """Collections whose scored split is their training split (score_training_queries)."""
-    return " ".join(
-        shlex.quote(c)
+    return [
+        c
         for c in training_collections()
         if config["collections"][c]["eval_split"] == config["collections"][c]["train_split"]
-    )
+    ]
+
+
+def trec_qrels_files():
+    """Each collection's qrels of its scored split as a TREC file, beside the rows' run.doc.trec."""
+    return [
+        f"{RESULTS}/{c}/collection/qrels.{spec['eval_split']}.trec"
+        for c, spec in config["collections"].items()
+    ]
+
+
+def hub_folders():
+    """The upload-ready folder of every trained model of every row (export_model)."""
+    return [
+        f"{RESULTS}/{c}/{m}/seed-{seed}/{stage}/hub"
+        for c in training_collections()
+        for m in config["methods"]
+        for seed in finetune_seeds()
+        for stage in STAGES
+    ]
 
 
 def metrics_files():
@@ -58,6 +74,7 @@ rule evaluate:
         qrels=of_scored_collection(rules.ingest.output.qrels),
     output:
         metrics=f"{RESULTS}/{{collection}}/{{system}}/metrics.parquet",
+        doc_run=f"{RESULTS}/{{collection}}/{{system}}/run.doc.trec",
     log:
         f"{LOGS}/{{collection}}/evaluate/{{system}}.log",
     benchmark:
@@ -70,11 +87,11 @@ rule evaluate:
         runtime=30,
     params:
         split=scored_eval_split,
-        metrics=" ".join(config["evaluation"]["metrics"]),
+        metrics=config["evaluation"]["metrics"],
     shell:
-        "python -m dprflow.stages.evaluate --run {input.run} --passages {input.passages}"
-        " --queries {input.queries} --qrels {input.qrels} --split {params.split}"
-        " --out {output.metrics} --metrics {params.metrics} > {log} 2>&1"
+        "python -m dprflow.stages.evaluate --run {input.run:q} --passages {input.passages:q}"
+        " --queries {input.queries:q} --qrels {input.qrels:q} --split {params.split:q}"
+        " --out {output.metrics:q} --doc-run {output.doc_run:q} --metrics {params.metrics:q} > {log:q} 2>&1"
 
 
 rule compare:
@@ -96,19 +113,50 @@ rule compare:
         mem_mb=2000,
         runtime=10,
     params:
-        metrics=" ".join(config["evaluation"]["metrics"]),
-        methods=" ".join(row_order()),
+        metrics=config["evaluation"]["metrics"],
+        methods=row_order(),
         baseline=config["evaluation"]["baseline"],
         results=compare_results_dir,
         paper_references=paper_references(),
         splits=scored_splits(),
         trained_on=trained_on_collections(),
+        significance=config["evaluation"]["significance"],
+        permutations=config["evaluation"]["permutations"],
+        permutation_seed=config["evaluation"]["permutation_seed"],
         untrained=untrained_rows(),
     shell:
-        "python -m dprflow.stages.compare --metrics-files {input.metrics} --results-dir {params.results}"
-        " --encoder-files {input.encoders} --out-md {output.md} --out-csv {output.csv}"
-        " --metrics {params.metrics}"
-        " --methods {params.methods} --baseline {params.baseline}"
-        " --splits {params.splits} --trained-on {params.trained_on}"
+        "python -m dprflow.stages.compare --metrics-files {input.metrics:q} --results-dir {params.results:q}"
+        " --encoder-files {input.encoders:q} --out-md {output.md:q} --out-csv {output.csv:q}"
+        " --metrics {params.metrics:q}"
+        " --methods {params.methods:q} --baseline {params.baseline:q}"
+        " --significance {params.significance:q} --permutations {params.permutations:q}"
+        " --permutation-seed {params.permutation_seed:q}"
+        " --splits {params.splits:q} --trained-on {params.trained_on:q}"
         " --untrained-rows {params.untrained:q}"
-        " --paper-references {params.paper_references} > {log} 2>&1"
+        " --paper-references {params.paper_references:q} > {log:q} 2>&1"
+
+
+rule export_model:
+    input:
+        code=stage_code("export_model"),
+        model=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{stage}}/model",
+        compare=rules.compare.output.csv,
+    output:
+        hub=directory(
+            f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{stage}}/hub"
+        ),
+    log:
+        f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/export_model_{{stage}}.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/{{method}}/seed-{{seed}}/export_model_{{stage}}.tsv"
+    wildcard_constraints:
+        stage="|".join(STAGES),
+    conda:
+        "../envs/evaluation.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "python -m dprflow.stages.export_model --model {input.model:q} --compare-csv {input.compare:q}"
+        " --collection {wildcards.collection:q} --out {output.hub:q} > {log:q} 2>&1"

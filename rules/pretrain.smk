@@ -10,7 +10,7 @@ def generic_corpus_input(wildcards):
 
 def pretrain_generic_flags(wildcards):
     corpus = PT["generic_corpus"]
-    flags = f"--corpus {corpus['source']} --seed {FT['seed']}"
+    flags = f"--corpus {q(corpus['source'])} --seed {q(FT['seed'])}"
     if corpus["path"]:
         flags += f" --corpus-path {shlex.quote(corpus['path'])}"
     keys = [
@@ -35,16 +35,19 @@ def pretrain_corpus_flags(wildcards):
     and its passages' length (query-as-context section 4.2: 144 tokens)."""
     queries = "".join(
         f" --queries {shlex.quote(p)}"
-        f" --max-passage-tokens {PT['cocondenser']['qac_passage_tokens']}"
+        f" --max-passage-tokens {q(PT['cocondenser']['qac_passage_tokens'])}"
         for p in qac_queries_input(wildcards)
     )
     keys = [
+        "spans",
         "span_min",
         "span_max",
         "batch_size",
         "chunk_size",
         "contrastive_only",
         "mlm_probability",
+        "whole_word",
+        "whole_word_count",
         "learning_rate",
         "weight_decay",
         "warmup_ratio",
@@ -52,9 +55,22 @@ def pretrain_corpus_flags(wildcards):
         "max_steps",
     ]
     return (
-        f"--seed {FT['seed']}"
+        f"--seed {q(FT['seed'])}"
         f" {train_flags(PT['cocondenser'], keys)}{queries} {training_flags()}"
     )
+
+
+def cocondenser_init_fingerprint(wildcards):
+    """The content of a local pretrain.cocondenser.init folder (see content_fingerprint)."""
+    return content_fingerprint(PT["cocondenser"]["init"])
+
+
+def cocondenser_init_input(wildcards):
+    """The stage-one Condenser as an input of stage two: pretrain.cocondenser.init when it is a
+    local folder (a hub id is no input), else the model pretrain_generic trains here."""
+    if PT["cocondenser"]["init"]:
+        return local_paths(PT["cocondenser"]["init"])
+    return rules.pretrain_generic.output.model
 
 
 def pmi_corpus_input(wildcards):
@@ -70,7 +86,7 @@ def pmi_count_flags(wildcards):
         source = PT["generic_corpus"]["source"]
     else:
         source = "passages"
-    flags = f"--corpus {source} --shards {p['shards']} --max-n {p['max_n']} --max-distinct {p['max_distinct']}"
+    flags = f"--corpus {q(source)} --shards {q(p['shards'])} --max-n {q(p['max_n'])} --max-distinct {q(p['max_distinct'])}"
     for path in pmi_corpus_input(wildcards):
         flags += f" --corpus-path {shlex.quote(path)}"
     return flags
@@ -100,7 +116,7 @@ def mae_generic_pmi(wildcards):
 
 
 def mae_corpus_pmi(wildcards):
-    return _mae_pmi(wildcards, wildcards.collection)
+    return _mae_pmi(wildcards, corpus_stage_corpus(wildcards))
 
 
 def mae_variant(wildcards):
@@ -123,28 +139,36 @@ def mae_corpus_init(wildcards):
     return PT["mae"]["corpus_init"] or mae_generic_model(wildcards)
 
 
-def cocondenser_corpus(wildcards):
-    """The passages coCondenser stage two samples span pairs from: a pretrain.corpora corpus
-    (e.g. msmarco-document, coCondenser 4.1), else the collection's own (query-as-context
-    methods always read the collection's passages, whose queries doc2query generated).
-    """
-    corpus = PT["cocondenser"]["corpus"]
-    if corpus and corpus not in PT["corpora"]:
+def corpus_stage_corpus(wildcards):
+    """The name whose passages a corpus-stage job reads: pretrain.cocondenser.corpus (coCondenser
+    and query-as-context coCondenser) or pretrain.mae.corpus.documents (the MAEs), a corpus of
+    pretrain.corpora (e.g. msmarco-document cut into passages of passages.max_tokens, coCondenser
+    4.1, query-as-context 4.1); else the collection's own."""
+    if "cocondenser" in wildcards.keys():
+        key, name = "pretrain.cocondenser.corpus", PT["cocondenser"]["corpus"]
+    else:
+        key, name = "pretrain.mae.corpus.documents", PT["mae"]["corpus"]["documents"]
+    if name and name not in PT["corpora"]:
         raise ValueError(
-            f"pretrain.cocondenser.corpus: {corpus!r} is not a name of pretrain.corpora "
+            f"{key}: {name!r} is not a name of pretrain.corpora "
             f"({sorted(PT['corpora']) or 'none defined'})"
         )
-    if corpus and wildcards.cocondenser not in QAC_METHODS:
-        return f"{RESULTS}/{corpus}/passages.parquet"
-    return f"{RESULTS}/{wildcards.collection}/passages.parquet"
+    return name or wildcards.collection
+
+
+def corpus_stage_passages(wildcards):
+    """The passages a corpus-stage job reads: coCondenser samples span pairs from their documents
+    (query-as-context pairs them with their queries), CoT-MAE joins them back into documents."""
+    return f"{RESULTS}/{corpus_stage_corpus(wildcards)}/passages.parquet"
 
 
 def qac_queries_input(wildcards):
-    """A query-as-context method's doc2query queries; none for the other methods."""
+    """A query-as-context method's doc2query queries of the passages it reads; none for the
+    other methods."""
     method = wildcards.get("cocondenser") or wildcards.get("mae_method")
     if method not in QAC_METHODS:
         return []
-    return [f"{RESULTS}/{wildcards.collection}/doc2query/generated_queries.parquet"]
+    return [f"{RESULTS}/{corpus_stage_corpus(wildcards)}/doc2query/generated_queries.parquet"]
 
 
 def mae_generic_flags(wildcards):
@@ -160,9 +184,9 @@ def mae_flags(wildcards, phase):
     projection, the phase's budget and (generic phase) the corpus."""
     m = PT["mae"]
     flags = [
-        f"--seed {FT['seed']}",
-        f"--p-dec {m['p_dec'][mae_variant(wildcards)]}",
-        f"--use-projection {str(m['use_projection'][mae_variant(wildcards)]).lower()}",
+        f"--seed {q(FT['seed'])}",
+        f"--p-dec {q(m['p_dec'][mae_variant(wildcards)])}",
+        f"--use-projection {q(str(m['use_projection'][mae_variant(wildcards)]).lower())}",
         train_flags(
             m,
             [
@@ -180,7 +204,7 @@ def mae_flags(wildcards, phase):
                 "warmup_ratio",
             ],
         ),
-        train_flags(m[phase], ["epochs", "max_steps"]),
+        train_flags(m[phase], ["epochs", "max_steps", "stop_at_step"]),
         training_flags(),
     ]
     pmi = (
@@ -192,10 +216,28 @@ def mae_flags(wildcards, phase):
         flags.append(f"--queries {shlex.quote(path)}")
     if phase == "generic":
         corpus = PT["generic_corpus"]
-        flags.append(f"--corpus {corpus['source']}")
+        flags.append(f"--corpus {q(corpus['source'])}")
         if corpus["path"]:
             flags.append(f"--corpus-path {shlex.quote(corpus['path'])}")
     return " ".join(flags)
+
+
+def contriever_corpus_input(wildcards):
+    """What Contriever pre-trains on: the collection's documents, or with pretrain.contriever.corpus
+    generic the generic corpus (Contriever Appendix A: Wikipedia, or Wikipedia and CCNet)."""
+    if PT["contriever"]["corpus"] == "generic":
+        return generic_corpus_input(wildcards)
+    return [f"{RESULTS}/{wildcards.collection}/passages.parquet"]
+
+
+def contriever_corpus_flags(wildcards):
+    if PT["contriever"]["corpus"] == "generic":
+        corpus = PT["generic_corpus"]
+        flags = f"--corpus {q(corpus['source'])}"
+        if corpus["path"]:
+            flags += f" --corpus-path {shlex.quote(corpus['path'])}"
+        return flags
+    return f"--passages {shlex.quote(contriever_corpus_input(wildcards)[0])}"
 
 
 def pretrain_contriever_flags(wildcards):
@@ -220,7 +262,8 @@ def pretrain_contriever_flags(wildcards):
         "max_steps",
     ]
     return (
-        f"--seed {FT['seed']} {train_flags(PT['contriever'], keys)} {training_flags()}"
+        f"{contriever_corpus_flags(wildcards)} --seed {q(FT['seed'])}"
+        f" {train_flags(PT['contriever'], keys)} {training_flags()}"
     )
 
 
@@ -245,20 +288,21 @@ rule pretrain_generic:
         checkpoint_every=FT["checkpoint_every"],
         num_workers=config["training"]["num_workers"],
     params:
+        fingerprint=model_init_fingerprint,
         launch=training_launcher,
         init=config["model"]["init"],
         flags=pretrain_generic_flags,
         checkpoints=f"{RESULTS}/pretrain/condenser/generic/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_generic --init {params.init} --out {output.model}"
-        " --checkpoint-dir {params.checkpoints} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
+        "{params.launch} -m dprflow.stages.pretrain_generic --init {params.init:q} --out {output.model:q}"
+        " --checkpoint-dir {params.checkpoints:q} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
 
 
 rule pretrain_corpus:
     input:
         code=stage_code("pretrain_corpus"),
-        init=rules.pretrain_generic.output.model,
-        passages=cocondenser_corpus,
+        init=cocondenser_init_input,
+        passages=corpus_stage_passages,
         queries=qac_queries_input,
     output:
         model=directory(f"{RESULTS}/{{collection}}/{{cocondenser}}/pretrain/model"),
@@ -276,20 +320,22 @@ rule pretrain_corpus:
         checkpoint_every=FT["checkpoint_every"],
         num_workers=config["training"]["num_workers"],
     params:
+        fingerprint=cocondenser_init_fingerprint,
         launch=training_launcher,
+        init=condenser_model(),
         flags=pretrain_corpus_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{cocondenser}}/pretrain/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_corpus --init {input.init} --passages {input.passages}"
-        " --out {output.model} --checkpoint-dir {params.checkpoints} {params.flags}"
-        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
+        "{params.launch} -m dprflow.stages.pretrain_corpus --init {params.init:q} --passages {input.passages:q}"
+        " --out {output.model:q} --checkpoint-dir {params.checkpoints:q} {params.flags}"
+        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
 
 
 rule pretrain_contriever:
     input:
         code=stage_code("pretrain_contriever"),
         init=model_init_input,
-        passages=rules.split_passages.output.passages,
+        corpus=contriever_corpus_input,
     output:
         model=directory(f"{RESULTS}/{{collection}}/contriever/pretrain/model"),
     log:
@@ -306,14 +352,15 @@ rule pretrain_contriever:
         checkpoint_every=FT["checkpoint_every"],
         num_workers=config["training"]["num_workers"],
     params:
+        fingerprint=model_init_fingerprint,
         launch=training_launcher,
         init=config["model"]["init"],
         flags=pretrain_contriever_flags,
         checkpoints=f"{RESULTS}/{{collection}}/contriever/pretrain/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_contriever --init {params.init}"
-        " --passages {input.passages} --out {output.model} --checkpoint-dir {params.checkpoints}"
-        " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
+        "{params.launch} -m dprflow.stages.pretrain_contriever --init {params.init:q}"
+        " --out {output.model:q} --checkpoint-dir {params.checkpoints:q}"
+        " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
 
 
 # Masked auto-encoders (BMAE, CDMAE, CoT-MAE): n-gram statistics for CDMAE's importance-aware
@@ -340,8 +387,8 @@ rule pmi_count:
     params:
         flags=pmi_count_flags,
     shell:
-        "python -m dprflow.stages.pmi_count {params.flags} --shard {wildcards.shard}"
-        " --out {output.counts} > {log} 2>&1"
+        "python -m dprflow.stages.pmi_count {params.flags} --shard {wildcards.shard:q}"
+        " --out {output.counts:q} > {log:q} 2>&1"
 
 
 rule pmi:
@@ -363,8 +410,8 @@ rule pmi:
     params:
         min_count=PT["pmi"]["min_count"],
     shell:
-        "python -m dprflow.stages.pmi --counts {input.counts} --min-count {params.min_count}"
-        " --out {output.stats} > {log} 2>&1"
+        "python -m dprflow.stages.pmi --counts {input.counts:q} --min-count {params.min_count:q}"
+        " --out {output.stats:q} > {log:q} 2>&1"
 
 
 rule pretrain_mae_generic:
@@ -389,21 +436,22 @@ rule pretrain_mae_generic:
         checkpoint_every=FT["checkpoint_every"],
         num_workers=config["training"]["num_workers"],
     params:
+        fingerprint=model_init_fingerprint,
         launch=training_launcher,
         init=config["model"]["init"],
         flags=mae_generic_flags,
         checkpoints=f"{RESULTS}/pretrain/{{mae}}/generic/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_mae --variant {wildcards.mae} --init {params.init}"
-        " --out {output.model} --checkpoint-dir {params.checkpoints} {params.flags}"
-        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
+        "{params.launch} -m dprflow.stages.pretrain_mae --variant {wildcards.mae:q} --init {params.init:q}"
+        " --out {output.model:q} --checkpoint-dir {params.checkpoints:q} {params.flags}"
+        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
 
 
 rule pretrain_mae_corpus:
     input:
         code=stage_code("pretrain_mae"),
         init=mae_generic_model,
-        passages=rules.split_passages.output.passages,
+        passages=corpus_stage_passages,
         pmi=mae_corpus_pmi,
         queries=qac_queries_input,
     output:
@@ -428,6 +476,6 @@ rule pretrain_mae_corpus:
         flags=mae_corpus_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{mae_method}}/pretrain/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.pretrain_mae --variant {params.variant} --init {params.init}"
-        " --corpus passages --corpus-path {input.passages} --out {output.model}"
-        " --checkpoint-dir {params.checkpoints} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log} 2>&1"
+        "{params.launch} -m dprflow.stages.pretrain_mae --variant {params.variant:q} --init {params.init:q}"
+        " --corpus passages --corpus-path {input.passages:q} --out {output.model:q}"
+        " --checkpoint-dir {params.checkpoints:q} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"

@@ -19,11 +19,10 @@ def nb_recall_files():
 def pretrained_models(collection, method):
     """Every pre-training model folder of a method (stage one and two), for the loss curves."""
     if method == "condenser":
-        return [f"{RESULTS}/pretrain/condenser/generic/model"]
+        return condenser_stage_one()
     if method in ("cocondenser", "qac-cocondenser"):
-        return [
-            f"{RESULTS}/pretrain/condenser/generic/model",
-            f"{RESULTS}/{collection}/{method}/pretrain/model",
+        return condenser_stage_one() + [
+            f"{RESULTS}/{collection}/{method}/pretrain/model"
         ]
     if method == "contriever":
         return [f"{RESULTS}/{collection}/contriever/pretrain/model"]
@@ -54,7 +53,7 @@ def training_model_dirs():
 
 
 def config_json():
-    return shlex.quote(json.dumps(config, sort_keys=True))
+    return json.dumps(config, sort_keys=True)
 
 
 def expected_metrics_file(wildcards):
@@ -119,11 +118,11 @@ rule report_results:
         metric=config["evaluation"]["metrics"][0],
         config=config_json(),
     shell:
-        "python -m dprflow.stages.report_results --compare-csv {input.csv} --compare-md {input.md}"
-        " --results-dir {params.results} --config-json {params.config} --metric {params.metric}"
-        " --nb-recall {input.nb_recall} --models {input.models} --out-loss {output.loss}"
-        " --out-nb-recall {output.nb_recall} --out-metric {output.metric} --out-html {output.html}"
-        " --out-config {output.config} > {log} 2>&1"
+        "python -m dprflow.stages.report_results --compare-csv {input.csv:q} --compare-md {input.md:q}"
+        " --results-dir {params.results:q} --config-json {params.config:q} --metric {params.metric:q}"
+        " --nb-recall {input.nb_recall:q} --models {input.models:q} --out-loss {output.loss:q}"
+        " --out-nb-recall {output.nb_recall:q} --out-metric {output.metric:q} --out-html {output.html:q}"
+        " --out-config {output.config:q} > {log:q} 2>&1"
 
 
 # `snakemake check` (make check): the latest comparison against config/expected/*.yaml,
@@ -144,5 +143,5 @@ rule check:
         mem_mb=1000,
         runtime=5,
     shell:
-        "python -m dprflow.stages.check --compare-csv {input.csv} --expected {input.expected}"
-        " --out {output.report} 2>&1 | tee {log}"
+        "python -m dprflow.stages.check --compare-csv {input.csv:q} --expected {input.expected:q}"
+        " --out {output.report:q} 2>&1 | tee {log:q}"

@@ -11,6 +11,11 @@ def reranker_init_input(wildcards):
     return local_paths(reranker_init())
 
 
+def reranker_init_fingerprint(wildcards):
+    """The content of a local reranker start folder (see content_fingerprint)."""
+    return content_fingerprint(reranker_init())
+
+
 def reranker_pooling():
     """The cross-encoder head's pooling: as configured, else model.pooling when the reranker
     starts from model.init; None leaves the stage to take the initial model's own (its
@@ -24,11 +29,11 @@ def reranker_flags(wildcards):
     r = FT["reranker"]
     pooling = reranker_pooling()
     return (
-        (f"--pooling {pooling} " if pooling else "")
-        + f"--method {wildcards.method}"
+        (f"--pooling {q(pooling)} " if pooling else "")
+        + f"--method {q(wildcards.method)}"
         + optim_flags(r)
-        + f" --max-length {r['max_length']} --head-learning-rate {r['head_learning_rate']}"
-        + f" --seed {wildcards.seed}"
+        + f" --max-length {q(r['max_length'])} --head-learning-rate {q(r['head_learning_rate'])}"
+        + f" --seed {q(wildcards.seed)}"
         + f" {training_flags()}"
     )
 
@@ -75,17 +80,18 @@ rule train_reranker:
         checkpoint_every=FT["checkpoint_every"],
         num_workers=config["training"]["num_workers"],
     params:
+        fingerprint=reranker_init_fingerprint,
         launch=training_launcher,
         init=reranker_init(),
         split=train_split,
         flags=reranker_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.train_reranker --init {params.init} --queries {input.queries}"
-        " --qrels {input.qrels} --passages {input.passages} --negatives {input.negatives}"
-        " --split {params.split} --out {output.model} --checkpoint-dir {params.checkpoints}"
+        "{params.launch} -m dprflow.stages.train_reranker --init {params.init:q} --queries {input.queries:q}"
+        " --qrels {input.qrels:q} --passages {input.passages:q} --negatives {input.negatives:q}"
+        " --split {params.split:q} --out {output.model:q} --checkpoint-dir {params.checkpoints:q}"
         " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --mem-mb {resources.mem_mb}"
-        " --threads {threads} > {log} 2>&1"
+        " --threads {threads} > {log:q} 2>&1"
 
 
 rule rerank:
@@ -111,12 +117,12 @@ rule rerank:
     params:
         depth=FT["reranker"]["depth"],
         max_length=FT["reranker"]["max_length"],
-        precision=precision_flag(),
+        flags=precision_flag(),
     shell:
-        "python -m dprflow.stages.rerank --model {input.model} --run {input.run}"
-        " --queries {input.queries} --passages {input.passages} --out {output.run}"
-        " --trec {output.trec} --depth {params.depth} --max-length {params.max_length}"
-        " {params.precision} --threads {threads} > {log} 2>&1"
+        "python -m dprflow.stages.rerank --model {input.model:q} --run {input.run:q}"
+        " --queries {input.queries:q} --passages {input.passages:q} --out {output.run:q}"
+        " --trec {output.trec:q} --depth {params.depth:q} --max-length {params.max_length:q}"
+        " {params.flags} --threads {threads} > {log:q} 2>&1"
 
 
 # Retriever 2's run on another collection (transfer evaluation), reranked by the same reranker.
@@ -176,11 +182,11 @@ rule score_candidates:
         candidates=FT["distill"]["candidates"],
         max_queries=FT["distill"]["max_queries"] or 0,
         max_length=FT["reranker"]["max_length"],
-        precision=precision_flag(),
+        flags=precision_flag(),
     shell:
-        "python -m dprflow.stages.score_candidates --model {input.model} --negatives {input.negatives}"
-        " --queries {input.queries} --qrels {input.qrels} --passages {input.passages}"
-        " --out {output.scores} --split {params.split} --candidates {params.candidates}"
-        " --max-queries {params.max_queries}"
-        " --max-length {params.max_length} {params.precision} --threads {threads}"
-        " > {log} 2>&1"
+        "python -m dprflow.stages.score_candidates --model {input.model:q} --negatives {input.negatives:q}"
+        " --queries {input.queries:q} --qrels {input.qrels:q} --passages {input.passages:q}"
+        " --out {output.scores:q} --split {params.split:q} --candidates {params.candidates:q}"
+        " --max-queries {params.max_queries:q}"
+        " --max-length {params.max_length:q} {params.flags} --threads {threads}"
+        " > {log:q} 2>&1"

@@ -8,8 +8,9 @@
 
 def pretrained_encoder(wildcards):
     """The pre-trained encoder folder of a method (an input of its retrievers); none for method none."""
-    if wildcards.method == "condenser":
-        return [f"{RESULTS}/pretrain/condenser/generic/model"]
+    if wildcards.method == "condenser":  # a hub id (pretrain.cocondenser.init) is no input
+        init = PT["cocondenser"]["init"]
+        return local_paths(init) if init else [condenser_model()]
     if wildcards.method in CORPUS_PRETRAINED:
         return [f"{RESULTS}/{wildcards.collection}/{wildcards.method}/pretrain/model"]
     return []
@@ -18,12 +19,29 @@ def pretrained_encoder(wildcards):
 def method_init(wildcards):
     """The checkpoint a method's fine-tuning starts from (method none: model.init itself; a
     reference row ref-<name>: its model)."""
+    if wildcards.method == "condenser":
+        return condenser_model()
     encoder = pretrained_encoder(wildcards)
     if encoder:
         return encoder[0]
     if wildcards.method in REFERENCES:
         return REFERENCES[wildcards.method]["model"]
     return config["model"]["init"]
+
+
+def init_fingerprint(wildcards):
+    """The content (see content_fingerprint) of the user's folder a job starts from: model.init for
+    the retrievers of method none, pretrain.cocondenser.init for the condenser row's; among dense
+    rows only the zeroshot one reads it."""
+    if split_transfer(getattr(wildcards, "retriever", "zeroshot"))[0] != "zeroshot":
+        return ""
+    if wildcards.method in REFERENCES:
+        return content_fingerprint(REFERENCES[wildcards.method]["model"])
+    if wildcards.method == "condenser":
+        return content_fingerprint(PT["cocondenser"]["init"])
+    if pretrained_encoder(wildcards):
+        return ""
+    return model_init_fingerprint(wildcards)
 
 
 def shards():
@@ -33,7 +51,7 @@ def shards():
 def geometry_flags(pooling, similarity):
     """--pooling/--similarity where set; a stage takes the model's own for those left out."""
     flags = [
-        f"--{k} {v}" for k, v in (("pooling", pooling), ("similarity", similarity)) if v
+        f"--{k} {q(v)}" for k, v in (("pooling", pooling), ("similarity", similarity)) if v
     ]
     return "".join(f" {f}" for f in flags)
 
@@ -80,11 +98,11 @@ def encoder_flags(wildcards):
     trained folder with the geometry it was trained with."""
     retriever = native_retriever(wildcards)
     if retriever == "zeroshot":
-        model = f"--model {shlex.quote(method_init(wildcards))}" + geometry_flags(
+        model = f"--model {q(method_init(wildcards))}" + geometry_flags(
             *initial_geometry(wildcards.method)
         )
     else:
-        model = f"--model {shlex.quote(f'{RESULTS}/{wildcards.collection}/{wildcards.method}/{retriever}/model')}"
+        model = f"--model {q(f'{RESULTS}/{wildcards.collection}/{wildcards.method}/{retriever}/model')}"
     return f"{model} {precision_flag()}"
 
 
@@ -141,27 +159,30 @@ def retriever_flags(wildcards):
     """Hyper-parameters of one trained retriever (distillation has its own section)."""
     inputs = retriever_inputs(wildcards)
     common = (
-        f"--method {wildcards.method} --role {wildcards.trained}"
+        f"--method {q(wildcards.method)} --role {q(wildcards.trained)}"
         + geometry_flags(*finetune_geometry(wildcards.method))
-        + f" --shared {str(FT['shared_encoder']).lower()} --seed {wildcards.seed}"
-        f" --max-query-length {FT['max_query_length']} --max-passage-length {FT['max_passage_length']}"
+        + f" --shared {q(str(FT['shared_encoder']).lower())} --seed {q(wildcards.seed)}"
+        f" --max-query-length {q(FT['max_query_length'])} --max-passage-length {q(FT['max_passage_length'])}"
     )
     if wildcards.trained == "distill":
         d = FT["distill"]
         flags = (
-            f" --teacher {inputs['teacher']} --alpha {d['alpha']} --direction {d['direction']}"
-            f" --student-over {d['student_over']}"
+            f" --teacher {q(inputs['teacher'])} --alpha {q(d['alpha'])} --direction {q(d['direction'])}"
+            f" --student-over {q(d['student_over'])}"
         )
     else:
         d = FT["retriever"]
         flags = ""
-    if (
-        d["temperature"] is not None
-    ):  # null: the similarity's default (1 dot, 0.05 cosine)
-        flags += f" --temperature {d['temperature']}"
+    temperature = d["temperature"]  # null: the similarity's default (1 dot, 0.05 cosine) ...
+    if temperature is None and wildcards.method == "contriever":
+        # ... but Contriever's rows fine-tune at "a temperature of 0.05, also used during
+        # pretraining" (Contriever Appendix A): pretrain.contriever.temperature
+        temperature = PT["contriever"]["temperature"]
+    if temperature is not None:
+        flags += f" --temperature {q(temperature)}"
     if "extra" in inputs:
-        flags += f" --extra-negatives {inputs['extra']} --extra-fraction {FT['r2_bm25_fraction']}"
-    return f"{common}{flags}{optim_flags(d)} --chunk-size {d['chunk_size']} {training_flags()}"
+        flags += f" --extra-negatives {q(inputs['extra'])} --extra-fraction {q(FT['r2_bm25_fraction'])}"
+    return f"{common}{flags}{optim_flags(d)} --chunk-size {q(d['chunk_size'])} {training_flags()}"
 
 
 def mining_depth(wildcards):
@@ -226,17 +247,18 @@ rule train_retriever:
         checkpoint_every=FT["checkpoint_every"],
         num_workers=config["training"]["num_workers"],
     params:
+        fingerprint=init_fingerprint,
         launch=training_launcher,
         init=method_init,
         split=train_split,
         flags=retriever_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{trained}}/checkpoints",
     shell:
-        "{params.launch} -m dprflow.stages.train_retriever --init {params.init} --queries {input.queries}"
-        " --qrels {input.qrels} --passages {input.passages} --negatives {input.negatives}"
-        " --split {params.split} --out {output.model} --checkpoint-dir {params.checkpoints}"
+        "{params.launch} -m dprflow.stages.train_retriever --init {params.init:q} --queries {input.queries:q}"
+        " --qrels {input.qrels:q} --passages {input.passages:q} --negatives {input.negatives:q}"
+        " --split {params.split:q} --out {output.model:q} --checkpoint-dir {params.checkpoints:q}"
         " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --mem-mb {resources.mem_mb}"
-        " --threads {threads} > {log} 2>&1"
+        " --threads {threads} > {log:q} 2>&1"
 
 
 rule encode_corpus:
@@ -257,15 +279,16 @@ rule encode_corpus:
         mem_mb=encode_mem_mb,
         runtime=encode_runtime,
     params:
-        encoder=encoder_flags,
+        fingerprint=init_fingerprint,
+        flags=encoder_flags,
         num_shards=FT["encode_shards"],
         max_length=FT["max_passage_length"],
         batch_size=FT["encode_batch_size"],
     shell:
-        "python -m dprflow.stages.encode_corpus {params.encoder} --passages {input.passages}"
-        " --out {output.embeddings} --shard {wildcards.shard} --num-shards {params.num_shards}"
-        " --max-length {params.max_length} --batch-size {params.batch_size} --threads {threads}"
-        " > {log} 2>&1"
+        "python -m dprflow.stages.encode_corpus {params.flags} --passages {input.passages:q}"
+        " --out {output.embeddings:q} --shard {wildcards.shard:q} --num-shards {params.num_shards:q}"
+        " --max-length {params.max_length:q} --batch-size {params.batch_size:q} --threads {threads}"
+        " > {log:q} 2>&1"
 
 
 rule search_dense:
@@ -293,7 +316,8 @@ rule search_dense:
         mem_mb=search_mem_mb,
         runtime=search_runtime,
     params:
-        encoder=encoder_flags,
+        fingerprint=init_fingerprint,
+        flags=encoder_flags,
         eval_split=eval_split,
         train_split=train_split,
         depth=FT["search_depth"],
@@ -301,12 +325,12 @@ rule search_dense:
         max_length=FT["max_query_length"],
         tag=run_tag,
     shell:
-        "python -m dprflow.stages.search_dense {params.encoder} --embeddings {input.embeddings}"
-        " --queries {input.queries} --out {output.run} --trec {output.trec} --encoder-out {output.encoder}"
-        " --train-out {output.train_run} --eval-split {params.eval_split}"
-        " --train-split {params.train_split} --depth {params.depth}"
-        " --train-depth {params.train_depth} --max-length {params.max_length}"
-        " --tag {params.tag} --threads {threads} > {log} 2>&1"
+        "python -m dprflow.stages.search_dense {params.flags} --embeddings {input.embeddings:q}"
+        " --queries {input.queries:q} --out {output.run:q} --trec {output.trec:q} --encoder-out {output.encoder:q}"
+        " --train-out {output.train_run:q} --eval-split {params.eval_split:q}"
+        " --train-split {params.train_split:q} --depth {params.depth:q}"
+        " --train-depth {params.train_depth:q} --max-length {params.max_length:q}"
+        " --tag {params.tag:q} --threads {threads} > {log:q} 2>&1"
 
 
 # A row that needs no training run: an off-the-shelf (zeroshot) row, or a row scored on another
@@ -334,13 +358,14 @@ rule search_eval:
         mem_mb=search_mem_mb,
         runtime=search_runtime,
     params:
-        encoder=encoder_flags,
+        fingerprint=init_fingerprint,
+        flags=encoder_flags,
         eval_split=scored_eval_split,
         depth=FT["search_depth"],
         max_length=FT["max_query_length"],
         tag=run_tag,
     shell:
-        "python -m dprflow.stages.search_dense {params.encoder} --embeddings {input.embeddings:q}"
+        "python -m dprflow.stages.search_dense {params.flags} --embeddings {input.embeddings:q}"
         " --queries {input.queries:q} --out {output.run:q} --trec {output.trec:q}"
         " --encoder-out {output.encoder:q} --eval-split {params.eval_split:q} --depth {params.depth:q}"
         " --max-length {params.max_length:q} --tag {params.tag:q} --threads {threads:q} > {log:q} 2>&1"
@@ -350,6 +375,7 @@ rule export_faiss:
     input:
         code=stage_code("export_faiss"),
         embeddings=embedding_shards,
+        encoder=rules.search_dense.output.encoder,
     output:
         index=directory(f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/faiss"),
     log:
@@ -362,9 +388,12 @@ rule export_faiss:
     resources:
         mem_mb=search_mem_mb,
         runtime=search_runtime,
+    params:
+        max_query_length=FT["max_query_length"],
     shell:
-        "python -m dprflow.stages.export_faiss --embeddings {input.embeddings}"
-        " --out {output.index} > {log} 2>&1"
+        "python -m dprflow.stages.export_faiss --embeddings {input.embeddings:q}"
+        " --encoder {input.encoder:q} --max-query-length {params.max_query_length:q}"
+        " --out {output.index:q} > {log:q} 2>&1"
 
 
 rule mine_negatives:
@@ -388,8 +417,8 @@ rule mine_negatives:
     params:
         depth=mining_depth,
     shell:
-        "python -m dprflow.stages.mine_negatives --run {input.run} --qrels {input.qrels}"
-        " --passages {input.passages} --out {output.negatives} --depth {params.depth} > {log} 2>&1"
+        "python -m dprflow.stages.mine_negatives --run {input.run:q} --qrels {input.qrels:q}"
+        " --passages {input.passages:q} --out {output.negatives:q} --depth {params.depth:q} > {log:q} 2>&1"
 
 
 rule nb_recall:
@@ -410,8 +439,8 @@ rule nb_recall:
         mem_mb=4000,
         runtime=30,
     params:
-        n=" ".join(map(str, FT["nb_recall_n"])),
-        k=" ".join(map(str, FT["nb_recall_k"])),
+        n=FT["nb_recall_n"],
+        k=FT["nb_recall_k"],
     shell:
-        "python -m dprflow.stages.nb_recall --run-r1 {input.run_r1} --run-r2 {input.run_r2}"
-        " --out {output.table} --n {params.n} --k {params.k} > {log} 2>&1"
+        "python -m dprflow.stages.nb_recall --run-r1 {input.run_r1:q} --run-r2 {input.run_r2:q}"
+        " --out {output.table:q} --n {params.n:q} --k {params.k:q} > {log:q} 2>&1"

@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 from dprflow.data.passages import group_sentences, split_documents, split_sentences
-from dprflow.evaluation.compare import build_comparison, holm, to_markdown
+from dprflow.evaluation.compare import build_comparison, holm, paired_randomization, to_markdown
 from dprflow.evaluation.metrics import evaluate_run, passage_run_to_doc_run
 from dprflow.search.runs import negatives_from_run, positive_passages
 
@@ -127,6 +127,58 @@ def test_comparison_aggregates_and_tests_against_the_baseline():
     assert table.set_index("system").loc["none/r2", "p_bm25"] == pytest.approx(max(2 * raw_r1, raw_r2))
     md = to_markdown(table, ["bm25"], ["none"], ["RR@10"])
     assert "| none/r1 |" in md and "b↑" in md.split("| none/r1 |")[1].splitlines()[0]
+
+
+def scipy_randomization(a, b, n_resamples):
+    """The reference: scipy's paired permutation test of the mean difference (swapping a query's
+    two values is flipping its difference's sign)."""
+    return stats.permutation_test(
+        (a, b),
+        lambda x, y: np.mean(x - y),
+        permutation_type="samples",
+        n_resamples=n_resamples,
+        alternative="two-sided",
+        random_state=0,
+    ).pvalue
+
+
+def test_randomization_test_against_scipy():
+    rng = np.random.default_rng(1)
+    # 10 queries: 1024 sign assignments, enumerated by both (the exact test)
+    a, b = rng.uniform(size=10), rng.uniform(size=10)
+    b[:3] = a[:3]  # ties: zero differences
+    ours = paired_randomization(pd.Series(a), pd.Series(b), permutations=5000)
+    assert ours == pytest.approx(scipy_randomization(a, b, 5000), abs=1e-12)
+    # 40 queries: sampled; the same p-value up to Monte Carlo error (sd about 0.005 here)
+    a = rng.uniform(size=40)
+    b = a + rng.normal(0.05, 0.2, size=40)
+    ours = paired_randomization(pd.Series(a), pd.Series(b), permutations=20000, seed=3)
+    reference = scipy_randomization(a, b, 20000)
+    assert 0.01 < reference < 0.9 and ours == pytest.approx(reference, abs=0.02)
+    assert ours == paired_randomization(pd.Series(a), pd.Series(b), permutations=20000, seed=3)  # seeded
+    # identical systems: p = 1; one query shared: undefined
+    assert paired_randomization(pd.Series(a), pd.Series(a)) == 1.0
+    assert math.isnan(paired_randomization(pd.Series([1.0]), pd.Series([0.0])))
+
+
+def test_comparison_with_the_randomization_test_is_holm_corrected():
+    rng = np.random.default_rng(0)
+    qids = [f"q{i}" for i in range(12)]
+    base = rng.uniform(0, 0.5, size=12)
+    per_query = {("c", "bm25"): pd.DataFrame({"query_id": qids, "metric": "RR@10", "value": base})}
+    values = {"none/r1": base + 0.2 + rng.normal(0, 0.05, 12), "none/r2": base + rng.normal(0, 0.05, 12)}
+    for system, v in values.items():
+        per_query[("c", system)] = pd.DataFrame({"query_id": qids, "metric": "RR@10", "value": v})
+    table = build_comparison(per_query, ["bm25"], "randomization", 10000).set_index("system")
+    raw = [scipy_randomization(values[s], base, 10000) for s in ("none/r1", "none/r2")]  # exact: 4096
+    assert table.loc[["none/r1", "none/r2"], "p_bm25"].tolist() == pytest.approx(holm(raw), abs=1e-12)
+    assert table.loc["none/r1", "p_bm25"] < 0.05 < table.loc["none/r2", "p_bm25"]
+    md = to_markdown(
+        table.reset_index(), ["bm25"], ["none"], ["RR@10"], test="randomization", permutations=10000
+    )
+    assert "Fisher randomization test (10000 sign permutations" in md
+    with pytest.raises(ValueError, match="allowed: t-test, randomization"):
+        build_comparison(per_query, ["bm25"], "wilcoxon")
 
 
 def test_seeds_are_gathered_into_mean_and_std_against_a_hand_computation():
@@ -252,6 +304,115 @@ def test_compare_stage_gathers_seed_folders(tmp_path):
     assert row["value"] == pytest.approx(0.875)  # seed means 0.75 and 1.0
     assert row["std"] == pytest.approx(0.25 / math.sqrt(2), abs=1e-6) and row["n_seeds"] == 2
     assert "| none/r2 | 0.8750 ± 0.1768 |" in (results / "compare.md").read_text()
+
+
+def trec_fixture(tmp_path):
+    """A passage run (two passages per document, a tie, a query of another split, a judged query
+    without a relevant document) and the evaluate and trec_qrels stages' outputs on it."""
+    from dprflow.data.schemas import write_table
+    from dprflow.stages import evaluate, trec_qrels
+
+    docs = ["a", "b", "c", "d", "e"]
+    passages = pd.DataFrame(
+        {
+            "passage_id": [f"{d}#{i}" for d in docs for i in (0, 1)],
+            "doc_id": [d for d in docs for _ in (0, 1)],
+            "position": [i for _ in docs for i in (0, 1)],
+            "title": "",
+            "text": "x",
+            "n_tokens": 1,
+        }
+    )
+    queries = pd.DataFrame(
+        {"query_id": ["q1", "q2", "q3", "q4"], "text": "x", "split": ["test", "test", "test", "train"]}
+    )
+    qrels = pd.DataFrame(
+        {
+            "query_id": ["q1", "q1", "q2", "q2", "q3", "q4"],
+            "doc_id": ["a", "c", "e", "b", "a", "a"],
+            "relevance": [2, 1, 1, 0, 0, 1],
+        }
+    )
+    rng = np.random.default_rng(0)
+    rows = []
+    for q in ("q1", "q2", "q3", "q4"):
+        scores = rng.normal(size=len(passages)).round(2)
+        scores[3] = scores[5]  # b#1 and c#1 tie
+        order = np.argsort(-scores, kind="stable")
+        rows += [(q, passages["passage_id"][i], float(scores[i]), r + 1) for r, i in enumerate(order)]
+    run = pd.DataFrame(rows, columns=["query_id", "passage_id", "score", "rank"])
+    for name, table in (("passages", passages), ("queries", queries), ("qrels", qrels), ("run", run)):
+        write_table(table, tmp_path / f"{name}.parquet", name)
+    common = ["--queries", str(tmp_path / "queries.parquet"), "--qrels", str(tmp_path / "qrels.parquet")]
+    common += ["--split", "test"]
+    argv = ["--run", str(tmp_path / "run.parquet"), "--passages", str(tmp_path / "passages.parquet")]
+    argv += [*common, "--out", str(tmp_path / "metrics.parquet"), "--doc-run", str(tmp_path / "run.doc.trec")]
+    assert evaluate.main([*argv, "--metrics", "nDCG@10", "RR@10", "R@3"]) == 0
+    assert trec_qrels.main([*common, "--out", str(tmp_path / "qrels.test.trec")]) == 0
+    metrics = pd.read_parquet(tmp_path / "metrics.parquet")
+    return metrics.groupby("metric")["value"].mean().to_dict()
+
+
+def test_doc_run_and_trec_qrels_give_the_stage_s_numbers_in_ir_measures(tmp_path):
+    """run.doc.trec and qrels.test.trec, read by ir_measures (pytrec_eval, trec_eval's code), give
+    the evaluate stage's means: MaxP, the split's judged queries, ties ranked as trec_eval does."""
+    ours = trec_fixture(tmp_path)
+    lines = (tmp_path / "run.doc.trec").read_text().splitlines()
+    assert {line.split()[0] for line in lines} == {"q1", "q2"}  # the test split's judged queries
+    assert len(lines) == 2 * 5 and lines[0].split()[1] == "Q0" and lines[0].split()[3] == "1"
+    qrels_lines = (tmp_path / "qrels.test.trec").read_text().splitlines()
+    assert qrels_lines == ["q1 0 a 2", "q1 0 c 1", "q2 0 b 0", "q2 0 e 1"]  # q3: nothing relevant
+    qrels = list(ir_measures.read_trec_qrels(str(tmp_path / "qrels.test.trec")))
+    run = list(ir_measures.read_trec_run(str(tmp_path / "run.doc.trec")))
+    theirs = ir_measures.calc_aggregate([ir_measures.parse_measure(m) for m in ours], qrels, run)
+    assert {str(m): v for m, v in theirs.items()} == pytest.approx(ours, abs=1e-4)
+    assert 0 < ours["nDCG@10"] < 1
+
+
+def test_doc_run_and_qrels_give_the_stage_s_numbers_in_ranx(tmp_path):
+    ranx = pytest.importorskip("ranx")
+    ours = trec_fixture(tmp_path)
+    qrels = ranx.Qrels.from_file(str(tmp_path / "qrels.test.trec"))
+    run = ranx.Run.from_file(str(tmp_path / "run.doc.trec"), kind="trec")
+    theirs = ranx.evaluate(qrels, run, ["ndcg@10", "mrr@10", "recall@3"])
+    assert theirs["ndcg@10"] == pytest.approx(ours["nDCG@10"], abs=1e-4)
+    assert theirs["mrr@10"] == pytest.approx(ours["RR@10"], abs=1e-4)
+    assert theirs["recall@3"] == pytest.approx(ours["R@3"], abs=1e-4)
+    # qrels.parquet in Qrels.from_df, with the dtypes ranx asserts (object ids, int64 grades).
+    table = pd.read_parquet(tmp_path / "qrels.parquet")
+    table = table.astype({"query_id": object, "doc_id": object, "relevance": "int64"})
+    from_df = ranx.Qrels.from_df(table, q_id_col="query_id", doc_id_col="doc_id", score_col="relevance")
+    assert from_df.to_dict()["q1"] == {"a": 2, "c": 1}
+
+
+def test_compare_stage_takes_the_randomization_test(tmp_path):
+    from dprflow.data.schemas import write_table
+    from dprflow.stages import compare
+
+    results = tmp_path / "results"
+    values = {"bm25": [0.0, 0.5, 0.25, 0.0], "none/seed-13/r2": [1.0, 1.0, 0.5, 0.5]}
+    for system, v in values.items():
+        table = pd.DataFrame({"query_id": ["q1", "q2", "q3", "q4"], "metric": "RR@10", "value": v})
+        write_table(table, results / "c" / system / "metrics.parquet", "metrics")
+    argv = ["--metrics-files", *(str(results / "c" / s / "metrics.parquet") for s in values)]
+    argv += ["--results-dir", str(results), "--metrics", "RR@10", "--out-md", str(results / "compare.md")]
+    argv += ["--out-csv", str(results / "compare.csv"), "--significance", "randomization"]
+    assert compare.main(argv) == 0
+    # 4 queries, every difference positive: 2 of the 16 sign assignments are as extreme, p = 1/8
+    row = pd.read_csv(results / "compare.csv").set_index("system").loc["none/r2"]
+    assert row["p_bm25"] == pytest.approx(0.125)
+    assert "Fisher randomization test" in (results / "compare.md").read_text()
+    assert compare.main([*argv, "--permutations", "0"]) != 0
+
+
+def test_trec_qrels_refuses_a_split_without_judged_queries(tmp_path, capsys):
+    from dprflow.stages import trec_qrels
+
+    trec_fixture(tmp_path)
+    argv = ["--queries", str(tmp_path / "queries.parquet"), "--qrels", str(tmp_path / "qrels.parquet")]
+    assert trec_qrels.main([*argv, "--split", "dev", "--out", str(tmp_path / "q.trec")]) == 1
+    assert "no query of split 'dev' has a relevant judgment" in capsys.readouterr().err
+    assert not (tmp_path / "q.trec").exists()
 
 
 def test_transferred_rows_get_a_column_group_per_collection_and_a_mean(tmp_path):

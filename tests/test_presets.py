@@ -30,7 +30,7 @@ def test_there_are_presets():
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
 def test_preset_dry_run_lists_the_whole_dag(preset, tmp_path):
     config = yaml.safe_load(preset.read_text())
-    corpus = config["pretrain"]["generic_corpus"]
+    corpus = config["pretrain"].get("generic_corpus", {})
     if corpus.get("path"):
         # The user's Wikipedia + BookCorpus file: relative paths resolve in --directory.
         stand_in = tmp_path / corpus["path"]

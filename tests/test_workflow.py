@@ -89,6 +89,35 @@ def test_the_comparison_has_every_row(finished_run):
     AutoModel.from_pretrained(workdir / "results" / "tiny" / "cocondenser" / "pretrain" / "model")
 
 
+def test_trec_files_give_the_comparison_s_numbers(finished_run):
+    """Every row's run.doc.trec with the collection's qrels.test.trec, read by ir_measures (and
+    ranx where installed), gives compare.csv's nDCG@10 and RR@10 to 1e-4."""
+    import ir_measures
+
+    workdir, _ = finished_run
+    results = workdir / "results"
+    table = pd.read_csv(results / "compare.csv").set_index(["system", "metric"])["value"]
+    qrels_file = results / "tiny" / "collection" / "qrels.test.trec"
+    qrels = list(ir_measures.read_trec_qrels(str(qrels_file)))
+    runs = sorted((results / "tiny").glob("**/run.doc.trec"))
+    rows = {str(p.parent.relative_to(results / "tiny")).replace("seed-13/", ""): p for p in runs}
+    assert set(rows) == set(table.index.get_level_values(0))
+    measures = [ir_measures.parse_measure(m) for m in ("nDCG@10", "RR@10")]
+    for system, path in rows.items():
+        theirs = ir_measures.calc_aggregate(measures, qrels, list(ir_measures.read_trec_run(str(path))))
+        for measure, value in theirs.items():
+            assert value == pytest.approx(table[(system, str(measure))], abs=1e-4), (system, measure)
+    try:
+        import ranx
+    except ImportError:
+        return
+    ranx_qrels = ranx.Qrels.from_file(str(qrels_file))
+    for system, path in rows.items():
+        theirs = ranx.evaluate(ranx_qrels, ranx.Run.from_file(str(path), kind="trec"), ["ndcg@10", "mrr@10"])
+        assert theirs["ndcg@10"] == pytest.approx(table[(system, "nDCG@10")], abs=1e-4), system
+        assert theirs["mrr@10"] == pytest.approx(table[(system, "RR@10")], abs=1e-4), system
+
+
 def test_a_second_seed_reruns_the_fine_tuning_pipeline_only(finished_run, tmp_path):
     """seeds: [13, 14] after a run of seed 13: seed 14's fine-tuning jobs, sharing the pre-trained
     encoder, BM25 and the zeroshot row; the comparison and report follow."""
@@ -110,6 +139,7 @@ def test_a_second_seed_reruns_the_fine_tuning_pipeline_only(finished_run, tmp_pa
         "evaluate": 4,
         "nb_recall": 1,
         "compare": 1,
+        "export_model": 8,  # the comparison changes: every row's card, both seeds
         "report_results": 1,
         "all": 1,
     }, jobs

@@ -10,8 +10,8 @@ training splits among those a collection declares and different from each other 
 ``score_training_queries`` says otherwise), metric names that ir_measures parses, span and crop
 ranges, and token lengths within the model's position limit (read offline from its
 ``config.json``; skipped when it cannot be read without the network), ``evaluate_on`` naming
-other collections of the config, ``model.references`` giving distinct row names (a reference
-written as a path, starting with ``/``, ``.`` or ``~``, must exist), and a ``model.init`` to be
+other collections of the config, ``model.references`` giving distinct row names (each reference
+found as the other model settings are), and a ``model.init`` to be
 fine-tuned that ships no sentence-transformers prompts. The baseline is checked
 against the rows the run produces by :func:`check_baseline`.
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -243,19 +244,12 @@ def _check_paths(config: dict) -> list[str]:
         for n, s in config["collections"].items()
         if s["source"] == "beir"
     ]
-    paths += [
-        (f"model.references[{i}]", model)
-        for i, model in enumerate(r if isinstance(r, str) else r["model"] for r in config["model"]["references"])
-        if model.startswith(("/", ".", "~"))
-    ]
     corpus = config["pretrain"]["generic_corpus"]
     if corpus.get("path"):
         paths.append(("pretrain.generic_corpus.path", corpus["path"]))
     elif corpus["source"] != "pydoc":
         return [f"pretrain.generic_corpus.path: source {corpus['source']!r} needs a path"]
-    return [
-        f"{key} = {value!r} does not exist" for key, value in paths if not Path(value).expanduser().exists()
-    ]
+    return [f"{key} = {value!r} does not exist" for key, value in paths if not Path(value).exists()]
 
 
 def _check_transfer(config: dict) -> list[str]:
@@ -340,12 +334,75 @@ def _check_prompts(config: dict) -> list[str]:
     return []
 
 
-def _check_values(config: dict) -> list[str]:
+# Settings that name a model: a packaged model, a local folder or a hub id.
+MODEL_KEYS = ("model.init", "finetune.reranker.init", "pretrain.doc2query.model")
+
+
+def _get(config: dict, key: str) -> Any:
+    node = config
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def looks_like_path(value: str) -> bool:
+    """A value written as a file-system path (absolute, relative with ./ or ../, under ~, or with
+    more than one '/'), which a hub id (``name`` or ``org/name``) never is."""
+    return value.startswith(("/", "./", "../", "~")) or value.count("/") > 1 or value.endswith("/")
+
+
+def _check_models(config: dict) -> list[str]:
+    """Every model setting names a model that can be found without the network where that can be
+    known now: a packaged model whose package is installed, a local folder that exists and holds
+    a config.json, or a hub id in the local cache when the hub is switched off
+    (``HF_HUB_OFFLINE``); a hub id otherwise is checked by the job that loads it."""
+    from dprflow.model_init import OFFLINE_VARIABLES, PACKAGED_MODELS, hub_cache_file, resolve_model
+
+    offline = [v for v in OFFLINE_VARIABLES if os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")]
+    problems = []
+    settings = [(key, _get(config, key)) for key in MODEL_KEYS]
+    settings += [
+        (f"model.references[{i}]", r if isinstance(r, str) else r["model"])
+        for i, r in enumerate(config["model"]["references"])
+    ]
+    for key, value in settings:
+        if not value:
+            continue
+        if value in PACKAGED_MODELS or Path(value).expanduser().exists():
+            try:
+                resolve_model(value)
+            except ValueError as exc:
+                problems.append(f"{key} = {value!r}: {exc}")
+        elif looks_like_path(value):
+            problems.append(f"{key} = {value!r} does not exist (a local model folder was expected)")
+        elif offline and hub_cache_file(value, "config.json") is None:
+            problems.append(
+                f"{key} = {value!r} is not a local folder, a packaged model ({', '.join(PACKAGED_MODELS)}) "
+                f"or in the local Hugging Face cache, and {offline[0]} is set: download it once with the "
+                "network, or name a local folder"
+            )
+    return problems
+
+
+def _check_passage_length(config: dict) -> list[str]:
+    """Passages longer than the encoder reads would be cut silently when encoded."""
+    tokens, limit = config["passages"]["max_tokens"], config["finetune"]["max_passage_length"]
+    if tokens <= limit:
+        return []
+    return [
+        f"passages.max_tokens = {tokens} is above finetune.max_passage_length = {limit}: passages "
+        f"would be cut to {limit} tokens when encoded; lower passages.max_tokens or raise "
+        "finetune.max_passage_length"
+    ]
+
+
+def _check_values(config: dict, check_paths: bool = True) -> list[str]:
     return (
         _check_transfer(config)
         + _references(config)[1]
         + _check_prompts(config)
-        + _check_paths(config)
+        + (_check_paths(config) + _check_models(config) if check_paths else [])
+        + _check_passage_length(config)
         + _check_splits(config)
         + _check_metrics(config)
         + _check_ranges(config)
@@ -362,8 +419,11 @@ def check_baseline(config: dict, rows: list[str]) -> None:
         )
 
 
-def validate_config(config: dict, schema_path: str | Path) -> dict:
-    """Fill defaults into ``config`` (in place) and check it; raise :class:`ConfigError` listing every problem."""
+def validate_config(config: dict, schema_path: str | Path, check_paths: bool = True) -> dict:
+    """Fill defaults into ``config`` (in place) and check it; raise :class:`ConfigError` listing every problem.
+
+    ``check_paths=False`` leaves out the checks that need the files a setting names (collection
+    folders, corpora, local models): for checking a config written for another machine."""
     schema = yaml.safe_load(Path(schema_path).read_text())
     _fill_defaults(config, schema)
     validator = jsonschema.Draft202012Validator(schema)
@@ -373,12 +433,61 @@ def validate_config(config: dict, schema_path: str | Path) -> dict:
     if not problems:
         problems = _check_sources(config)
     if not problems:
-        problems = _check_values(config)
+        problems = _check_values(config, check_paths)
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
     return config
 
 
-def load_config(path: str | Path, schema_path: str | Path) -> dict:
+def read_config_file(path: str | Path) -> dict:
+    """A config file's mapping; malformed YAML is a :class:`ConfigError` naming the file, line
+    and column (Snakemake itself only says that some config file is not valid JSON or YAML)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+        if context and start is not None and start is not mark:
+            problem += f" ({context}, which starts at line {start.line + 1}, column {start.column + 1})"
+        raise ConfigError(f"{where}: not valid YAML: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file holds a mapping of keys, not a {type(data).__name__}")
+    return data
+
+
+def load_config(
+    path: str | Path, schema_path: str | Path, check_paths: bool = True
+) -> dict:
     """Read and validate a config file (for scripts and tests; the workflow uses Snakemake's configfile)."""
-    return validate_config(yaml.safe_load(Path(path).read_text()) or {}, schema_path)
+    return validate_config(read_config_file(path), schema_path, check_paths)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dprflow.config FILE...``: check that each config file parses (file, line and
+    column of the first error). The Makefile runs it before Snakemake reads the files."""
+    import sys
+
+    files = sys.argv[1:] if argv is None else argv
+    status = 0
+    for path in files:
+        try:
+            read_config_file(path)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -292,3 +292,33 @@ def read(output: str | os.PathLike) -> dict[str, Any] | None:
     """The provenance record of an artifact, or None when it has none."""
     path = record_path(output)
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def local_sha256(path: str | os.PathLike, cache: str | os.PathLike = ".snakemake/dprflow/local_sha256.json") -> str:
+    """SHA-256 of the user's own file or folder (a local model named in the config), for the
+    workflow's content fingerprints: taken again only when the sizes, names or mtimes of its
+    files changed since the hash kept in ``cache`` (a file of the working directory, never beside
+    the user's data)."""
+    key = str(Path(path).resolve())
+    now = stat_of(path)
+    cache = Path(cache)
+    try:
+        kept = json.loads(cache.read_text()) if cache.is_file() else {}
+    except (OSError, ValueError):
+        kept = {}
+    entry = kept.get(key) if isinstance(kept, dict) else None
+    if isinstance(entry, dict) and all(entry.get(k) == now[k] for k in now) and entry.get("sha256"):
+        return entry["sha256"]
+    digest = sha256_of(path)
+    if stat_of(path) != now:  # changed while being read: no cache, the next build hashes it again
+        return digest
+    kept = kept if isinstance(kept, dict) else {}
+    kept[key] = {"sha256": digest, **now}
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(kept, sort_keys=True))
+        os.replace(tmp, cache)
+    except OSError as exc:  # a read-only working directory: hashed again next time
+        log.debug("cannot keep the hash of %s in %s: %s", path, cache, exc)
+    return digest

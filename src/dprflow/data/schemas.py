@@ -129,9 +129,19 @@ def disk_full_error(
     )
 
 
+def umask_mode(directory: bool = False) -> int:
+    """The mode a new file (``0o666``) or folder (``0o777``) gets under the process's umask:
+    0644 and 0755 under the usual umask 022. ``tempfile`` creates 0600 files and 0700 folders
+    whatever the umask, so outputs staged there are given this mode before they are renamed."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return (0o777 if directory else 0o666) & ~mask
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds.
+    The file gets the umask's mode (:func:`umask_mode`), as a file opened in place would.
     Running out of disk space raises :class:`DiskFullError` (no partial file is left)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -141,6 +151,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     try:
         try:
             yield tmp
+            os.chmod(tmp, umask_mode(tmp.is_dir()))
             os.replace(tmp, path)
         except (OSError, RuntimeError) as exc:
             full = disk_full_error(exc, path)

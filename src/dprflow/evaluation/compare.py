@@ -9,8 +9,10 @@ row in the table is ``<method>/<stage>``, with ``value`` the mean over seeds of 
 ``std`` their sample standard deviation (n - 1; empty with one seed) and ``n_seeds``.
 
 Significance: each row is compared with each reference row (the configured baseline, BM25 by
-default, and the off-the-shelf model ``none/zeroshot``) by a two-sided paired t-test over the
-queries, per collection and metric. With seeds the pairs stay per query: each side's per-query
+default, and the off-the-shelf model ``none/zeroshot``) by a two-sided paired test over the
+queries, per collection and metric: the t-test, or Fisher's randomization test (sign flipping of
+the per-query differences; Smucker, Allan and Carterette, CIKM 2007, recommend it for IR; ranx
+and PyTerrier offer it too). With seeds the pairs stay per query: each side's per-query
 value is its mean over the seeds both rows share (a row without seeds, such as BM25, has the same
 value for every seed), so a query's difference is the mean of its per-seed differences. The
 p-values of one (collection, metric, reference) family are corrected for multiple comparisons with
@@ -76,6 +78,50 @@ def paired_ttest(a: pd.Series, b: pd.Series) -> float:
     return float(stats.ttest_rel(joined.iloc[:, 0], joined.iloc[:, 1]).pvalue)
 
 
+SIGNIFICANCE_TESTS = ("t-test", "randomization")
+
+
+def paired_randomization(a: pd.Series, b: pd.Series, permutations: int = 10000, seed: int = 0) -> float:
+    """Two-sided p-value of Fisher's paired randomization test over the queries both have.
+
+    Under the null hypothesis the two systems are exchangeable on each query, so each per-query
+    difference is as likely to carry either sign. The statistic is the mean difference; the
+    p-value is the share of sign assignments whose mean is at least as far from 0 as the observed
+    one. With ``2**n <= permutations`` every assignment is enumerated (the exact test); otherwise
+    ``permutations`` random ones are drawn with ``seed`` and ``p = (hits + 1) / (permutations + 1)``,
+    counting the observed assignment (Phipson and Smyth, 2010), so p is never 0. NaN when fewer
+    than two queries are shared. scipy's ``permutation_test(..., permutation_type="samples")``
+    computes the same p-value.
+    """
+    joined = pd.concat([a, b], axis=1, join="inner").dropna()
+    if len(joined) < 2:
+        return float("nan")
+    diff = (joined.iloc[:, 0] - joined.iloc[:, 1]).to_numpy(dtype=np.float64)
+    n = len(diff)
+    observed = abs(diff.mean())
+    tolerance = 1e-12 * max(1.0, observed)  # equal means up to float rounding count as hits
+    if 2**n <= permutations:
+        signs = 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)  # [2^n, n]: every assignment
+        return float((np.abs(signs @ diff / n) >= observed - tolerance).mean())
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for start in range(0, permutations, 1024):  # [chunk, n] sign matrices, memory bounded
+        signs = rng.choice((-1.0, 1.0), size=(min(1024, permutations - start), n))
+        hits += int((np.abs(signs @ diff / n) >= observed - tolerance).sum())
+    return (hits + 1) / (permutations + 1)
+
+
+def paired_test(
+    a: pd.Series, b: pd.Series, test: str = "t-test", permutations: int = 10000, seed: int = 0
+) -> float:
+    """The two-sided p-value of the paired ``test`` (:data:`SIGNIFICANCE_TESTS`)."""
+    if test == "t-test":
+        return paired_ttest(a, b)
+    if test == "randomization":
+        return paired_randomization(a, b, permutations, seed)
+    raise ValueError(f"unknown significance test {test!r}; allowed: {', '.join(SIGNIFICANCE_TESTS)}")
+
+
 def split_seed(system: str) -> tuple[str, int | None]:
     """``none/seed-13/r2`` -> (``none/r2``, 13); a system without a seed -> (system, None)."""
     parts = system.split("/")
@@ -118,9 +164,16 @@ def reference_row(out: pd.DataFrame, idx, ref: str, collection: str):
 
 
 def build_comparison(
-    per_query: dict[tuple[str, ...], pd.DataFrame], references: list[str]
+    per_query: dict[tuple[str, ...], pd.DataFrame],
+    references: list[str],
+    test: str = "t-test",
+    permutations: int = 10000,
+    seed: int = 0,
 ) -> pd.DataFrame:
     """Long table of aggregates and significance against each reference system.
+
+    ``test``: the paired test (:func:`paired_test`: ``t-test`` or ``randomization``, with
+    ``permutations`` and ``seed``); its p-values are Holm-corrected per family either way.
 
     ``per_query`` maps (collection, system), or (collection, system, training collection) for
     a row scored on one collection and trained on another (module docstring), to a
@@ -132,11 +185,12 @@ def build_comparison(
     grouped: dict[tuple[str, str, str], dict[int | None, pd.DataFrame]] = {}
     for key, table in per_query.items():
         collection, system, trained = (*key, "")[:3]
-        name, seed = split_seed(system)
+        # row_seed, not seed: ``seed`` is the randomization test's
+        name, row_seed = split_seed(system)
         seeds = grouped.setdefault((collection, name, trained), {})
-        if seed in seeds or (seeds and (seed is None) != (None in seeds)):
+        if row_seed in seeds or (seeds and (row_seed is None) != (None in seeds)):
             raise ValueError(f"{collection} {system}: the same row twice, or with and without a seed")
-        seeds[seed] = table
+        seeds[row_seed] = table
     rows = []
     matrices: dict[tuple[str, str, str, str], pd.DataFrame] = {}
     for (collection, system, trained), by_seed in grouped.items():
@@ -180,7 +234,7 @@ def build_comparison(
                     continue
                 matrix = matrices[(collection, system, out.at[i, "training_collection"], metric)]
                 a, b = paired_values(matrix, ref_matrix)
-                raw.append(paired_ttest(a, b))
+                raw.append(paired_test(a, b, test, permutations, seed))
                 where.append(i)
                 out.at[i, f"delta_{key}"] = out.at[i, "value"] - ref_value
             for i, p in zip(where, holm(raw), strict=True):
@@ -256,6 +310,8 @@ def to_markdown(
     metrics: list[str],
     splits: dict[str, str] | None = None,
     trained_on: Sequence[str] = (),
+    test: str = "t-test",
+    permutations: int = 10000,
 ) -> str:
     """One row per system, one column per (collection, metric); significance markers in the cells.
     ``splits`` names the query split scored per collection, ``trained_on`` the collections whose
@@ -314,16 +370,25 @@ def to_markdown(
         seeds = sorted({s for v in table["seeds"].dropna() for s in str(v).split()}, key=int)
         notes.append(
             f"Fine-tuned rows: mean ± sample standard deviation over seeds {', '.join(seeds)} "
-            "(the pre-trained encoders are shared by all seeds); the t-test pairs each query's "
+            "(the pre-trained encoders are shared by all seeds); the paired test pairs each query's "
             "values averaged over the seeds both rows have."
         )
     notes += [
-        "Markers: paired two-sided t-test over queries against a reference row, Holm-corrected per "
+        f"Markers: {test_name(test, permutations)} over queries against a reference row, Holm-corrected per "
         f"collection, metric and reference, p < {ALPHA}: "
         + "; ".join(f"{letters[r]}↑/{letters[r]}↓ better/worse than {r}" for r in references)
         + ".",
     ]
     return "\n".join(lines + notes) + "\n"
+
+
+def test_name(test: str, permutations: int) -> str:
+    """How the table's notes name the significance test."""
+    if test == "randomization":
+        return (
+            f"paired two-sided Fisher randomization test ({permutations} sign permutations, exact when fewer)"
+        )
+    return "paired two-sided t-test"
 
 
 def paper_numbers() -> pd.DataFrame:

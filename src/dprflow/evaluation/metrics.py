@@ -28,6 +28,25 @@ def passage_run_to_doc_run(run: pd.DataFrame, passages: pd.DataFrame) -> pd.Data
     return out.groupby(["query_id", "doc_id"], as_index=False, sort=False)["score"].max()
 
 
+def rank_doc_run(doc_run: pd.DataFrame) -> pd.DataFrame:
+    """``doc_run`` with a ``rank`` per query (1 = best), in rank order: by score, ties by
+    ``doc_id`` descending, the order trec_eval and ir_measures (pytrec_eval) rank in."""
+    ranked = doc_run.sort_values(
+        ["query_id", "score", "doc_id"], ascending=[True, False, False], kind="stable"
+    )
+    ranked = ranked.reset_index(drop=True)
+    ranked["rank"] = ranked.groupby("query_id", sort=False).cumcount() + 1
+    return ranked
+
+
+def judged_qrels(qrels: pd.DataFrame, query_ids: list[str]) -> pd.DataFrame:
+    """The judgments of the queries among ``query_ids`` that have a relevant document
+    (relevance > 0): the queries :func:`evaluate_run` scores."""
+    qrels = qrels[qrels["query_id"].isin(set(query_ids))]
+    judged = set(qrels.loc[qrels["relevance"] > 0, "query_id"])
+    return qrels[qrels["query_id"].isin(judged)]
+
+
 def parse_metrics(names: list[str]) -> list:
     measures = []
     for name in names:
@@ -45,9 +64,8 @@ def evaluate_run(
 ) -> pd.DataFrame:
     """Per-query metric values (query_id, metric, value) over the judged queries among ``query_ids``."""
     measures = parse_metrics(metrics)
-    qrels = qrels[qrels["query_id"].isin(set(query_ids))]
-    judged = sorted(set(qrels.loc[qrels["relevance"] > 0, "query_id"]))
-    qrels = qrels[qrels["query_id"].isin(judged)]
+    qrels = judged_qrels(qrels, query_ids)
+    judged = sorted(set(qrels["query_id"]))
     run = doc_run[doc_run["query_id"].isin(judged)]
     values = {(qid, str(m)): 0.0 for qid in judged for m in measures}
     for metric in ir_measures.iter_calc(measures, qrels, run):

@@ -371,12 +371,27 @@ class BiEncoder(nn.Module):
         record = {**dataclasses.asdict(self.config), "extra": extra}
         record.pop("source")
         (out / CONFIG_NAME).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
-        st_format.write_model_card(out, extra, self._loading_lines())
+        sep = getattr(tokenizer, "sep_token", None) or "|"  # the separator passage_texts joins with
+        st_format.write_model_card(out, extra, self._loading_lines(sep, extra))
 
-    def _loading_lines(self) -> list[str]:
+    def _loading_lines(self, sep: str, extra: dict[str, Any]) -> list[str]:
         geometry = f"{self.pooling} pooling, {self.similarity} similarity (trained at temperature {self.temperature:g})"
+        query_length = extra.get("max_query_length")
+        passage_length = int(extra.get("max_passage_length") or 512)
+        text = [
+            "## Input format",
+            "",
+            "dprflow fed the encoder these texts; pass the same to get its embeddings:",
+            "",
+            f'- a passage with a title as `f"{{title}} {sep} {{text}}"`, one without as `text` alone '
+            "(`dprflow.finetuning.examples.passage_texts`), cut to "
+            f"{passage_length} tokens (`max_seq_length` in `sentence_bert_config.json`);",
+            f"- a query as its text, cut to {query_length} tokens: set `model.max_seq_length = {query_length}` "
+            "before encoding queries (sentence-transformers keeps one length per model).",
+            "",
+        ]
         if not self.shared:
-            return [
+            return text + [
                 "## How to load it",
                 "",
                 f"Two towers ({geometry}): `query_model/` encodes queries and `passage_model/` passages, each an "
@@ -384,7 +399,7 @@ class BiEncoder(nn.Module):
                 "sentence-transformers has no plain format for two towers, so this folder is not one.",
             ]
         normalize = "then L2-normalised, " if self.normalize else ""
-        return [
+        return text + [
             "## How to load it",
             "",
             f"Geometry: {geometry}. The same encoder embeds queries and passages.",
@@ -393,15 +408,15 @@ class BiEncoder(nn.Module):
             "from sentence_transformers import SentenceTransformer",
             "model = SentenceTransformer(path)          # Transformer -> Pooling"
             + (" -> Normalize" if self.normalize else ""),
-            "q, p = model.encode(queries), model.encode(passages)",
+            f'p = model.encode([f"{{title}} {sep} {{text}}" if title else text for title, text in passages])',
+            f"model.max_seq_length = {query_length}",
+            "q = model.encode(queries)",
             f"scores = model.similarity(q, p)           # {self.similarity}",
             "```",
             "",
             f"or with transformers: `AutoModel.from_pretrained(path)`, {self.pooling} pooling of "
             f"`last_hidden_state`, {normalize}the inner product; or "
-            "`dprflow.finetuning.biencoder.BiEncoder.from_pretrained(path)`. dprflow cut queries to "
-            "`max_query_length` tokens and passages to `max_passage_length` (`sentence_bert_config.json`'s "
-            "`max_seq_length`).",
+            "`dprflow.finetuning.biencoder.BiEncoder.from_pretrained(path)`.",
         ]
 
 

@@ -140,23 +140,40 @@ class CrossEncoder(nn.Module):
         self.model.save_pretrained(out)
         if tokenizer is not None:
             tokenizer.save_pretrained(out)
+        extra = extra or {}
         head = self.model.classifier.state_dict() if self.pooling == "mean" else None
-        st_format.write_cross_encoder_files(out, self.pooling, self.model.config.hidden_size, head)
-        record = {"extra": extra or {}, "pooling": self.pooling}
+        max_length = extra.get("max_length")
+        st_format.write_cross_encoder_files(
+            out, self.pooling, self.model.config.hidden_size, head, max_length
+        )
+        record = {"extra": extra, "pooling": self.pooling}
         (out / CONFIG_NAME).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
-        st_format.write_model_card(out, {**(extra or {}), "role": "rerank"}, self._loading_lines())
+        sep = getattr(tokenizer, "sep_token", None) or "|"  # the separator passage_texts joins with
+        st_format.write_model_card(
+            out,
+            {**extra, "role": "rerank"},
+            self._loading_lines(sep, max_length),
+            pipeline_tag="text-ranking",
+            tags=("cross-encoder", "reranker"),
+        )
 
-    def _loading_lines(self) -> list[str]:
+    def _loading_lines(self, sep: str, max_length: int | None) -> list[str]:
         lines = [
-            "## How to load it",
+            "## Input format",
             "",
-            'It scores a (query, passage) pair tokenized jointly (`tok(query, passage, truncation="longest_first")`, '
-            "as sentence-transformers' CrossEncoder does); "
-            "higher is more relevant. The scores are raw logits.",
+            "It scores a (query, passage) pair tokenized jointly, the passage given as "
+            f'`f"{{title}} {sep} {{text}}"` when it has a title and as `text` alone otherwise '
+            "(`dprflow.finetuning.examples.passage_texts`), the pair cut to "
+            f'{max_length} tokens longest side first (`truncation="longest_first"`, as sentence-transformers\' '
+            "CrossEncoder does; the length is the saved tokenizer's `model_max_length`, which `CrossEncoder(path)` "
+            "reads). Higher is more relevant; the scores are raw logits.",
+            "",
+            "## How to load it",
             "",
             "```python",
             "from sentence_transformers import CrossEncoder",
-            "scores = CrossEncoder(path).predict([(query, passage), ...])",
+            "model = CrossEncoder(path)",
+            f'scores = model.predict([(query, f"{{title}} {sep} {{text}}" if title else text) for title, text in passages])',
             "```",
             "",
         ]

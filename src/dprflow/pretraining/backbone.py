@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dprflow.finetuning import st_format
 from dprflow.model_init import resolve_model
 from dprflow.pretraining.masking import IGNORE_INDEX
 
@@ -112,8 +113,12 @@ def save_with_extras(
     config_name: str,
     record: dict[str, Any],
     tokenizer: Any = None,
+    pooling: str = "cls",
 ) -> None:
     """Write ``backbone`` as a plain BERT folder and ``parts`` plus the MLM head into ``extras_dir/``.
+
+    The folder is also a sentence-transformers model with ``pooling`` and the dot product, and
+    has a model card (:func:`dprflow.finetuning.st_format.write_pretrained_encoder_files`).
 
     Each part's tensors are stored under ``<name>.``, the head's under ``lm_head.`` (without the
     output weight when it is tied to the embeddings, and without the bias, which is the
@@ -135,6 +140,9 @@ def save_with_extras(
     state.update({f"lm_head.{k}": v for k, v in lm_head.state_dict().items() if k not in skip})
     save_file(
         {k: v.detach().contiguous() for k, v in state.items()}, folder / EXTRAS_WEIGHTS, {"format": "pt"}
+    )
+    st_format.write_pretrained_encoder_files(
+        out, pooling, backbone.config.hidden_size, record.get("extra") or {}
     )
     record = {**record, "tied_decoder_weight": tied_weight}
     (folder / config_name).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")

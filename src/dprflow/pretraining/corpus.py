@@ -102,3 +102,20 @@ def read_passages_documents(
     if len(kept) < 2:
         raise StageError(f"{path}: fewer than 2 documents have {span_min} tokens or more: {counts}")
     return kept, counts
+
+
+def read_generic_documents(
+    source: str, path: str | None, tokenizer, min_tokens: int
+) -> tuple[list[list[int]], dict[str, int]]:
+    """The documents of a generic corpus (:func:`generic_texts`) as token ids, those shorter than
+    ``min_tokens`` skipped and counted (as :func:`read_passages_documents`)."""
+    docs = tokenize_documents(generic_texts(source, path), tokenizer)
+    kept = [d for d in docs if len(d) >= min_tokens]
+    counts = {
+        "documents": len(docs),
+        "documents_too_short_skipped": len(docs) - len(kept),
+        "documents_kept": len(kept),
+    }
+    for key, value in counts.items():
+        log.info("generic documents, %s: %d", key, value)
+    return kept, counts

@@ -274,10 +274,13 @@ def mask_tokens(
 
 
 def wordpiece_word_ids(tokens: Sequence[str]) -> list[int]:
-    """Word index of each WordPiece token: a new word starts at every token not prefixed by '##'."""
+    """Word index of each WordPiece token: a new word starts at every token not prefixed by '##',
+    and at a leading '##' piece (a chunk cut inside a word): that piece is a word of its own, as
+    in the reference collators (luyug/Condenser ``data.py`` ``_whole_word_cand_indexes_bert``,
+    Hugging Face's ``DataCollatorForWholeWordMask``), so it can be masked."""
     word, out = -1, []
     for tok in tokens:
-        if not tok.startswith("##"):
+        if word < 0 or not tok.startswith("##"):
             word += 1
         out.append(word)
     return out

@@ -413,9 +413,12 @@ class FlatIndex:
         return all_scores, ids
 
 
-def write_faiss_index(index: FlatIndex, out_dir: str | os.PathLike) -> Path:
+def write_faiss_index(
+    index: FlatIndex, out_dir: str | os.PathLike, extra_files: dict[str, str] | None = None
+) -> Path:
     """Write ``index`` as a folder pyserini's ``FaissSearcher`` loads: ``index`` (the faiss
-    ``IndexFlatIP``) and ``docid`` (one passage id per line, in index order).
+    ``IndexFlatIP``) and ``docid`` (one passage id per line, in index order), with
+    ``extra_files`` (name -> text) beside them.
 
     The folder is written under a temporary name and renamed when complete. pyserini returns the
     ids of ``docid`` as its hits' ``docid``: here passage ids (``<doc_id>#<position>``).
@@ -433,6 +436,8 @@ def write_faiss_index(index: FlatIndex, out_dir: str | os.PathLike) -> Path:
         shutil.rmtree(tmp)
         raise ValueError(f"passage id {bad!r} holds a line break: it cannot go into a docid file")
     (tmp / "docid").write_text("".join(f"{i}\n" for i in ids))
+    for name, text in (extra_files or {}).items():
+        (tmp / name).write_text(text)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out

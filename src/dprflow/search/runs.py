@@ -1,4 +1,10 @@
-"""Runs and negative pools: TREC output, positives per query, and negatives from a run."""
+"""Runs and negative pools: TREC output, positives per query, and negatives from a run.
+
+The TREC files are the formats trec_eval, ir_measures, ranx and pyserini read: a run line is
+``query_id Q0 id rank score tag`` and a qrels line ``query_id 0 doc_id relevance``. Scores are
+written with nine significant digits, which gives back every float32 score exactly, so a tool
+reading the file ranks (and breaks ties) as the Parquet run does.
+"""
 
 from __future__ import annotations
 
@@ -18,11 +24,21 @@ def write_run(
     """Write a run as Parquet (the ``run`` schema) and optionally as a TREC run file."""
     write_table(run, parquet_path, "run")
     if trec_path is not None:
-        with atomic_path(trec_path) as tmp, open(tmp, "w") as fh:
-            for qid, pid, score, rank in run[["query_id", "passage_id", "score", "rank"]].itertuples(
-                index=False
-            ):
-                fh.write(f"{qid} Q0 {pid} {rank} {score:.6f} {tag}\n")
+        write_trec_run(run, trec_path, "passage_id", tag)
+
+
+def write_trec_run(run: pd.DataFrame, path: str | Path, id_column: str, tag: str) -> None:
+    """A TREC run file of ``run`` (``query_id``, ``id_column``, ``score``, ``rank``)."""
+    with atomic_path(path) as tmp, open(tmp, "w") as fh:
+        for qid, pid, score, rank in run[["query_id", id_column, "score", "rank"]].itertuples(index=False):
+            fh.write(f"{qid} Q0 {pid} {rank} {float(score):.9g} {tag}\n")
+
+
+def write_trec_qrels(qrels: pd.DataFrame, path: str | Path) -> None:
+    """A TREC qrels file of ``qrels`` (``query_id``, ``doc_id``, ``relevance``)."""
+    with atomic_path(path) as tmp, open(tmp, "w") as fh:
+        for qid, did, rel in qrels[["query_id", "doc_id", "relevance"]].itertuples(index=False):
+            fh.write(f"{qid} 0 {did} {int(rel)}\n")
 
 
 def positive_passages(qrels: pd.DataFrame, passages: pd.DataFrame) -> pd.DataFrame:

@@ -17,7 +17,7 @@ import pandas as pd
 
 from dprflow.cli import StageError, run_stage
 from dprflow.data.schemas import atomic_path, read_table
-from dprflow.evaluation.compare import build_comparison, split_seed, to_markdown
+from dprflow.evaluation.compare import SIGNIFICANCE_TESTS, build_comparison, split_seed, to_markdown
 
 log = logging.getLogger("dprflow.compare")
 
@@ -47,6 +47,15 @@ class Args:
         },
     )
     baseline: str = field(default="bm25", metadata={"help": "reference system of the significance tests"})
+    significance: str = field(
+        default="t-test",
+        metadata={"help": "paired test over queries", "choices": list(SIGNIFICANCE_TESTS)},
+    )
+    permutations: int = field(
+        default=10000,
+        metadata={"help": "randomization test: random sign assignments (exact when 2^n is fewer)"},
+    )
+    permutation_seed: int = field(default=0, metadata={"help": "randomization test: seed of the assignments"})
     splits: list[str] = field(
         default_factory=list,
         metadata={"help": "collection=split pairs: the query split scored in each collection"},
@@ -128,7 +137,11 @@ def compare(args: Args) -> None:
         row_of(Path(p), results, args.untrained_rows): read_table(p, "metrics") for p in args.metrics_files
     }
     references = [args.baseline] + [s for s in ("none/zeroshot",) if s != args.baseline]
-    table = build_comparison(per_query, references)
+    if args.permutations < 1:
+        raise StageError(f"--permutations must be >= 1, got {args.permutations}")
+    table = build_comparison(
+        per_query, references, args.significance, args.permutations, args.permutation_seed
+    )
     table = table[table["metric"].isin(args.metrics)].copy()
     splits = parse_pairs(args.splits, "--splits")
     if splits:
@@ -148,7 +161,16 @@ def compare(args: Args) -> None:
     with atomic_path(args.out_md) as tmp:
         tmp.write_text(
             "# dprflow comparison\n\n"
-            + to_markdown(table, references, args.methods, args.metrics, splits, args.trained_on)
+            + to_markdown(
+                table,
+                references,
+                args.methods,
+                args.metrics,
+                splits,
+                args.trained_on,
+                args.significance,
+                args.permutations,
+            )
         )
     log.info(
         "compared %d systems on %d collections", table["system"].nunique(), table["collection"].nunique()

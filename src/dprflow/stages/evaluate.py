@@ -1,4 +1,11 @@
-"""Stage ``evaluate``: per-query ir_measures values of one run on the evaluation split."""
+"""Stage ``evaluate``: per-query ir_measures values of one run on the evaluation split.
+
+With ``--doc-run`` it also writes the document run it scored (``run.doc.trec``): MaxP over the
+passage run, the queries of the split it scores (those with a relevant document), ranked as
+trec_eval ranks. Read with the collection's
+``qrels.<split>.trec`` (stage ``trec_qrels``), ir_measures, ranx and trec_eval give the
+comparison's numbers (docs/interop.md).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,13 @@ from dataclasses import dataclass, field
 
 from dprflow.cli import StageError, run_stage
 from dprflow.data.schemas import read_table, write_table
-from dprflow.evaluation.metrics import evaluate_run, passage_run_to_doc_run
+from dprflow.evaluation.metrics import (
+    evaluate_run,
+    judged_qrels,
+    passage_run_to_doc_run,
+    rank_doc_run,
+)
+from dprflow.search.runs import write_trec_run
 
 log = logging.getLogger("dprflow.evaluate")
 
@@ -23,6 +36,11 @@ class Args:
     qrels: str = field(metadata={"help": "qrels.parquet"})
     split: str = field(metadata={"help": "the query split to score"})
     out: str = field(metadata={"help": "metrics.parquet to write"})
+    doc_run: str | None = field(
+        default=None,
+        metadata={"help": "TREC file of the MaxP document run of the scored queries to write too"},
+    )
+    tag: str = field(default="dprflow-maxp", metadata={"help": "run tag of --doc-run"})
     metrics: list[str] = field(
         default_factory=lambda: ["RR@10", "R@50", "R@100", "R@1000", "nDCG@10"],
         metadata={"help": "ir_measures names"},
@@ -38,7 +56,13 @@ def evaluate(args: Args) -> None:
         )
     run = read_table(args.run, "run")
     doc_run = passage_run_to_doc_run(run, read_table(args.passages, "passages"))
-    per_query = evaluate_run(doc_run, read_table(args.qrels, "qrels"), ids, args.metrics)
+    qrels = read_table(args.qrels, "qrels")
+    if args.doc_run:
+        scored = set(judged_qrels(qrels, ids)["query_id"])
+        write_trec_run(
+            rank_doc_run(doc_run[doc_run["query_id"].isin(scored)]), args.doc_run, "doc_id", args.tag
+        )
+    per_query = evaluate_run(doc_run, qrels, ids, args.metrics)
     if per_query.empty:
         raise StageError(f"{args.qrels}: no query of split {args.split!r} has a relevant judgment")
     write_table(per_query, args.out, "metrics")

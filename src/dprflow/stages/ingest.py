@@ -66,12 +66,19 @@ def load(args: Args) -> tuple[Collection, str]:
         from dprflow.data.collections.beir import load_beir
 
         return load_beir(args.path), args.path
-    from dprflow.data.collections.irds import load_ir_datasets
+    from dprflow.data.collections.irds import download_failure, load_ir_datasets
 
     splits = ir_datasets_splits(args.ir_datasets)
     # The documents of the first id (config: "documents come from the first"); every split's
     # queries and qrels from its own id.
-    return load_ir_datasets(next(iter(splits.values())), splits), args.ir_datasets
+    dataset_id = next(iter(splits.values()))
+    try:
+        return load_ir_datasets(dataset_id, splits), args.ir_datasets
+    except Exception as exc:
+        failure = download_failure(exc, dataset_id)
+        if failure is None:
+            raise
+        raise failure from None
 
 
 def ir_datasets_splits(text: str) -> dict[str, str]:

@@ -31,7 +31,7 @@ from dprflow.cli import StageError, run_stage
 from dprflow.model_init import load_tokenizer
 from dprflow.pretraining.contriever.data import PAIR_MODES, PairMaker, first_tokens, stream_documents
 from dprflow.pretraining.contriever.model import NEGATIVE_MODES, Contriever, ContrieverConfig
-from dprflow.pretraining.corpus import read_passages_documents
+from dprflow.pretraining.corpus import GENERIC_SOURCES, read_generic_documents, read_passages_documents
 from dprflow.training import distributed
 from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
 
@@ -45,9 +45,19 @@ class Args(OptimArgs):
     """Contriever contrastive pre-training on a collection's documents."""
 
     init: str = field(metadata={"help": "encoder to start from: folder, packaged name or hub id"})
-    passages: str = field(
-        metadata={"help": "passages.parquet of the collection (documents: grouped by doc_id)"}
+    passages: str | None = field(
+        default=None,
+        metadata={"help": "passages.parquet of the collection (documents: grouped by doc_id)"},
     )
+    corpus: str | None = field(
+        default=None,
+        metadata={
+            "help": "pre-train on this generic corpus instead of --passages (Contriever Appendix A: "
+            "Wikipedia, CCNet), with --corpus-path",
+            "choices": list(GENERIC_SOURCES),
+        },
+    )
+    corpus_path: str | None = field(default=None, metadata={"help": "--corpus's jsonl or passages.parquet"})
     out: str = field(metadata={"help": "model folder to write"})
     checkpoint_dir: str = field(metadata={"help": "resumable checkpoints"})
     negatives: str = field(
@@ -107,15 +117,22 @@ class Args(OptimArgs):
             raise ValueError("--symmetric applies to --negatives inbatch only")
         if self.queue_size < 1:
             raise ValueError("--queue-size must be >= 1")
+        if (self.passages is None) == (self.corpus is None):
+            raise ValueError(
+                "give one of --passages (the collection's documents) and --corpus (a generic corpus)"
+            )
 
 
 def pretrain(args: Args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.init)
-    docs, counts = read_passages_documents(
-        args.passages, tokenizer, 1 if args.documents == "stream" else MIN_DOC_TOKENS
-    )
+    min_tokens = 1 if args.documents == "stream" else MIN_DOC_TOKENS
+    if args.corpus:
+        docs, counts = read_generic_documents(args.corpus, args.corpus_path, tokenizer, min_tokens)
+    else:
+        docs, counts = read_passages_documents(args.passages, tokenizer, min_tokens)
+    source = args.corpus_path or args.corpus or args.passages
     if args.documents == "stream":
         docs, stream_counts = stream_documents(docs, args.max_doc_tokens, MIN_DOC_TOKENS)
         counts.update(stream_counts)
@@ -125,13 +142,13 @@ def pretrain(args: Args) -> None:
         docs = first_tokens(docs, args.max_doc_tokens)
     if len(docs) < args.batch_size and args.documents == "stream":
         raise StageError(
-            f"{args.passages}: its {counts['stream_tokens']} tokens make {len(docs)} documents of "
+            f"{source}: its {counts['stream_tokens']} tokens make {len(docs)} documents of "
             f"{args.max_doc_tokens} tokens, fewer than one batch of {args.batch_size}; lower "
             "--batch-size or --max-doc-tokens, or add documents"
         )
     if len(docs) < args.batch_size:
         raise StageError(
-            f"{args.passages}: {len(docs)} documents of at least {MIN_DOC_TOKENS} tokens "
+            f"{source}: {len(docs)} documents of at least {MIN_DOC_TOKENS} tokens "
             f"({counts['documents_too_short_skipped']} too short skipped) are fewer than one batch of "
             f"{args.batch_size}; lower --batch-size or add documents"
         )

@@ -22,9 +22,10 @@ import torch
 
 from dprflow.cli import run_stage
 from dprflow.model_init import load_tokenizer
-from dprflow.pretraining.condenser.data import mlm_batch, pair_batch
+from dprflow.pretraining.condenser.data import SPAN_SAMPLERS, mlm_batch, pair_batch
 from dprflow.pretraining.condenser.model import Condenser, CondenserConfig
 from dprflow.pretraining.corpus import read_passages_documents
+from dprflow.pretraining.masking import WHOLE_WORD_COUNTS
 from dprflow.pretraining.query_as_context import pairs as query_context
 from dprflow.training.steps import cocondenser_step
 from dprflow.training.trainer import OptimArgs, set_seed, train_and_save
@@ -40,10 +41,25 @@ class Args(OptimArgs):
     passages: str = field(metadata={"help": "passages.parquet of the target collection"})
     out: str = field(metadata={"help": "model folder to write"})
     checkpoint_dir: str = field(metadata={"help": "resumable checkpoints"})
-    span_min: int = field(default=16, metadata={"help": "shortest span in tokens"})
+    spans: str = field(
+        default="independent",
+        metadata={
+            "help": "non_overlapping: two distinct consecutive spans of --span-max tokens (the authors'); "
+            "independent: two spans of --span-min..--span-max tokens at independent positions",
+            "choices": list(SPAN_SAMPLERS),
+        },
+    )
+    span_min: int = field(default=16, metadata={"help": "shortest span in tokens (independent spans)"})
     span_max: int = field(default=64, metadata={"help": "longest span in tokens"})
     mlm_probability: float = field(default=0.15, metadata={"help": "masked share"})
     whole_word: bool = field(default=False, metadata={"help": "mask whole words"})
+    whole_word_count: str = field(
+        default="words",
+        metadata={
+            "help": "with --whole-word: words (p of the words) or tokens (BERT's: whole words up to p of the tokens)",
+            "choices": list(WHOLE_WORD_COUNTS),
+        },
+    )
     contrastive_only: bool = field(default=False, metadata={"help": "drop the MLM losses (Table 4)"})
     temperature: float = field(default=1.0, metadata={"help": "contrastive temperature (eq. 6: 1)"})
     batch_size: int = field(default=8, metadata={"help": "documents per step (2 spans each)"})
@@ -65,6 +81,10 @@ class Args(OptimArgs):
     def check(self) -> None:
         if not 1 <= self.span_min <= self.span_max:
             raise ValueError("need 1 <= --span-min <= --span-max")
+        if self.spans == "non_overlapping" and self.span_min < 2:
+            raise ValueError(
+                "--spans non_overlapping needs --span-min >= 2 (the shortest document cut in two)"
+            )
 
 
 def training_items(args: Args, tokenizer) -> tuple[list, dict[str, int]]:
@@ -87,14 +107,30 @@ def pretrain(args: Args) -> None:
     weight = 0.0 if args.contrastive_only else 1.0
     config = CondenserConfig(head_weight=weight, backbone_weight=weight, temperature=args.temperature)
     model = Condenser.from_pretrained(args.init, config)
+    if not model.head_restored:  # coCondenser 4.1 warm-starts "both backbone and head"
+        log.warning(
+            "%s has no Condenser head (a folder of pretrain_generic, or the authors' model.pt): "
+            "stage two starts from a random head",
+            args.init,
+        )
 
     def make_batch(rng, batch_docs, epoch):
         if args.queries:  # rows 2i and 2i + 1: a passage and its query of this epoch
             passages, queries = query_context.pairs(batch_docs, epoch, args.seed)
             rows = [row for pair in zip(passages, queries, strict=True) for row in pair]
-            return mlm_batch(rows, tokenizer, rng, args.mlm_probability, args.whole_word)
+            return mlm_batch(
+                rows, tokenizer, rng, args.mlm_probability, args.whole_word, args.whole_word_count
+            )
         return pair_batch(
-            batch_docs, tokenizer, rng, args.span_min, args.span_max, args.mlm_probability, args.whole_word
+            batch_docs,
+            tokenizer,
+            rng,
+            args.span_min,
+            args.span_max,
+            args.mlm_probability,
+            args.whole_word,
+            args.whole_word_count,
+            args.spans,
         )
 
     def step(m, batch, backward):

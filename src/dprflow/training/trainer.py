@@ -79,6 +79,7 @@ class TrainArgs:
     head_learning_rate: float = 0.0  # weights the model created at random (0: learning_rate)
     epochs: int = 1
     max_steps: int = 0  # > 0: exactly this many optimizer steps, whatever epochs says; 0: epochs
+    stop_at_step: int = 0  # > 0: stop after this many steps of the schedule above (0: run it all)
     seed: int = 13
     checkpoint_every: int = 100
     max_grad_norm: float = 1.0  # 0: no clipping
@@ -109,6 +110,13 @@ class OptimArgs:
         metadata={
             "help": "train exactly this many optimizer steps, cycling over the examples as often as "
             "needed and ignoring --epochs (as Hugging Face's max_steps); 0: --epochs passes"
+        },
+    )
+    stop_at_step: int = field(
+        default=0,
+        metadata={
+            "help": "stop after this many optimizer steps while the learning-rate schedule spans "
+            "--epochs / --max-steps (CDMAE Appendix A: 20 epochs, the checkpoint at 80k); 0: run the whole schedule"
         },
     )
     seed: int = field(default=13, metadata={"help": "random seed"})
@@ -148,6 +156,12 @@ def total_steps(n_items: int, args: TrainArgs) -> int:
     if per_epoch == 0:
         raise ValueError(f"{n_items} training queries are fewer than one batch of {args.batch_size}")
     return args.max_steps if args.max_steps else per_epoch * args.epochs
+
+
+def steps_run(n_items: int, args: TrainArgs) -> int:
+    """Optimizer steps a stage runs: its schedule's :func:`total_steps`, cut at ``stop_at_step``."""
+    steps = total_steps(n_items, args)
+    return min(steps, args.stop_at_step) if args.stop_at_step else steps
 
 
 def fingerprint(payload: dict[str, Any]) -> str:
@@ -257,7 +271,9 @@ class Trainer:
         self.batches = StepBatches(
             self.items, make_batch, args.seed, args.batch_size, self.dist.rank, self.dist.world_size
         )
-        self.steps = total_steps(len(self.items), args)
+        # the learning-rate schedule spans schedule_steps; training stops after self.steps
+        self.schedule_steps = total_steps(len(self.items), args)
+        self.steps = steps_run(len(self.items), args)
         if args.gradient_checkpointing:
             enable = getattr(model, "gradient_checkpointing_enable", None)
             if enable is None:
@@ -268,13 +284,13 @@ class Trainer:
             log.info("gradient checkpointing on")
         self.model = model.to(self.dist.device)
         self.optimizer = torch.optim.AdamW(parameter_groups(self.model, args), lr=args.learning_rate)
-        warmup = int(self.steps * args.warmup_ratio)
+        warmup = int(self.schedule_steps * args.warmup_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lambda s: (
                 (s + 1) / max(1, warmup)
                 if s < warmup
-                else max(0.0, (self.steps - s) / max(1, self.steps - warmup))
+                else max(0.0, (self.schedule_steps - s) / max(1, self.schedule_steps - warmup))
             ),
         )
         self.autocast, self.scaler = autocast_context(self.dist.device, args.precision)

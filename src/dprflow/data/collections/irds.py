@@ -246,3 +246,35 @@ def load_ir_datasets(dataset_id: str, splits: dict[str, str] | None = None) -> C
             counts["qrels_unknown_query"],
         )
     return build_collection(doc_ids, titles, texts, query_ids, query_texts, query_split, qrels, counts)
+
+
+def download_failure(exc: BaseException, dataset_id: str) -> CollectionError | None:
+    """A :class:`CollectionError` naming the id and the cache folder when ``exc`` is ir_datasets
+    failing to download (no network: every source refused), else None."""
+    seen, cause = set(), exc
+    network = False
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        module = type(cause).__module__ or ""
+        if module.startswith(("requests", "urllib3", "http.client", "socket")) or (
+            isinstance(cause, RuntimeError) and cause.args[:1] == ("All download sources failed",)
+        ):
+            network = True
+            break
+        cause = cause.__cause__ or cause.__context__
+    if not network:
+        return None
+    import ir_datasets
+
+    home = ir_datasets.util.home_path()
+    sources = cause.args[1] if len(cause.args) > 1 and isinstance(cause.args[1], list) else []
+    if sources and isinstance(sources[0], tuple) and len(sources[0]) == 2:
+        source, error = sources[0]
+        what = f"{len(sources)} source(s), the first {getattr(source, 'url', source)}: {type(error).__name__}"
+    else:
+        what = type(cause).__name__
+    return CollectionError(
+        f"ir_datasets {dataset_id!r} is not in the local ir_datasets cache ({home / dataset_id.split('/')[0]}) "
+        f"and downloading it needs the network, which failed ({what}); run the ingest once where "
+        "the network is reachable, or set IR_DATASETS_HOME to a folder that holds the dataset"
+    )

@@ -3,10 +3,15 @@
 Condenser (stage ``pretrain_generic``, Condenser §3.3): ``[CLS] chunk [SEP]`` rows of the generic
 corpus with BERT masking (:func:`mlm_batch`).
 
-coCondenser (stage ``pretrain_corpus``, coCondenser §3.2): each batch draws, per document, two
-spans of a random length in ``[span_min, span_max]`` (cut to the document) at random positions
-(:func:`sample_spans`); rows ``2i`` and ``2i + 1`` are the two spans of document ``i``, masked for
-the MLM part of eq. 7 (:func:`pair_batch`).
+coCondenser (stage ``pretrain_corpus``, coCondenser §3.2): each batch draws two spans per
+document; rows ``2i`` and ``2i + 1`` are the two spans of document ``i``, masked for the MLM part of
+eq. 7 (:func:`pair_batch`). Two samplers (``spans``):
+
+- ``non_overlapping`` (:func:`sample_non_overlapping_spans`): the authors' "random non overlapping
+  sequences" of 128 tokens for passage retrieval (luyug/Condenser issue #5; their
+  ``CoCondenserDataset`` draws two distinct spans of a document's span list);
+- ``independent`` (:func:`sample_spans`): two spans of a random length in ``[span_min,
+  span_max]`` at independent random positions (they may overlap).
 """
 
 from __future__ import annotations
@@ -35,6 +40,30 @@ def sample_spans(
         start = int(rng.integers(0, len(ids) - length + 1))
         spans.append(list(ids[start : start + length]))
     return spans
+
+
+def sample_non_overlapping_spans(
+    rng: np.random.Generator, ids: Sequence[int], span_max: int
+) -> list[list[int]]:
+    """Two disjoint spans of one document (coCondenser §3.2: "random non-overlapping sequences").
+
+    The document, from a random offset, is cut into its ``n = len(ids) // span_max`` consecutive
+    spans of ``span_max`` tokens; two distinct ones are drawn uniformly (the reference samples two
+    of a document's spans without replacement). A document shorter than ``2 * span_max`` is cut
+    into two halves of ``len(ids) // 2`` tokens.
+    """
+    if len(ids) < 2:
+        raise ValueError(f"a document of {len(ids)} token(s) has no two non-overlapping spans")
+    if len(ids) < 2 * span_max:
+        half = len(ids) // 2
+        return [list(ids[:half]), list(ids[half : 2 * half])]
+    n = len(ids) // span_max
+    offset = int(rng.integers(0, len(ids) - n * span_max + 1))
+    first, second = (int(k) for k in rng.choice(n, size=2, replace=False))
+    return [list(ids[offset + k * span_max : offset + (k + 1) * span_max]) for k in (first, second)]
+
+
+SPAN_SAMPLERS = ("independent", "non_overlapping")
 
 
 def mlm_batch(
@@ -81,7 +110,16 @@ def pair_batch(
     span_max: int,
     mlm_probability: float = 0.15,
     whole_word: bool = False,
+    whole_word_count: str = "words",
+    spans: str = "independent",
 ) -> dict[str, torch.Tensor]:
-    """Rows ``2i`` and ``2i + 1`` are two spans of document ``i``, masked for MLM (coCondenser eq. 6-7)."""
-    spans = [span for ids in docs for span in sample_spans(rng, ids, span_min, span_max)]
-    return mlm_batch(spans, tokenizer, rng, mlm_probability, whole_word)
+    """Rows ``2i`` and ``2i + 1`` are two spans of document ``i``, masked for MLM (coCondenser eq. 6-7);
+    ``spans``: one of :data:`SPAN_SAMPLERS` (module docstring)."""
+    if spans == "non_overlapping":
+        pairs = [sample_non_overlapping_spans(rng, ids, span_max) for ids in docs]
+    elif spans == "independent":
+        pairs = [sample_spans(rng, ids, span_min, span_max) for ids in docs]
+    else:
+        raise ValueError(f"spans: {spans!r} is not one of {SPAN_SAMPLERS}")
+    rows = [span for pair in pairs for span in pair]
+    return mlm_batch(rows, tokenizer, rng, mlm_probability, whole_word, whole_word_count)

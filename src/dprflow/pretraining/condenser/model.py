@@ -343,12 +343,17 @@ class Condenser(nn.Module):
             return cls._from_saved(local, config, **model_kwargs)
         backbone, lm_head = backbone_with_mlm_head(path, "Condenser", **model_kwargs)
         model = cls(backbone, lm_head, config)
+        authors_head = authors_head_state(path)
+        if authors_head is not None:  # a Condenser saved by the authors' code: its head restored
+            model.head.load_state_dict(authors_head)
+        model.head_restored = authors_head is not None
         log.info(
-            "Condenser from %s: %d early + %d late layers, %d new head layers",
+            "Condenser from %s: %d early + %d late layers, %d %s head layers",
             path,
             model.config.n_early,
             backbone.config.num_hidden_layers - model.config.n_early,
             model.config.n_head_layers,
+            "restored" if authors_head is not None else "new",
         )
         return model
 
@@ -375,8 +380,46 @@ class Condenser(nn.Module):
         backbone = load_backbone(path, "Condenser", **model_kwargs)
         model = cls(backbone, None, config)
         load_extras(head_dir, record, {"head": model.head}, model.lm_head, backbone.device)
+        model.head_restored = True
         log.info("Condenser restored from %s (backbone and head)", path)
         return model
+
+
+AUTHORS_HEAD_FILE = "model.pt"  # luyug/Condenser's save_pretrained: the weights outside the HF model
+AUTHORS_HEAD_PREFIX = "c_head."  # its head layers, BertLayer modules like ours
+
+
+def authors_head_state(path: str | Path) -> dict[str, torch.Tensor] | None:
+    """The head layers of a Condenser saved by the authors' code, or None when ``path`` has none.
+
+    luyug/Condenser (``modeling.py``, ``save_pretrained``) writes the backbone and MLM head as a
+    Hugging Face folder and every other weight into ``model.pt``; the head layers are
+    ``c_head.<i>.*``, the same ``BertLayer`` modules as :attr:`Condenser.head`. Their released
+    checkpoints with head (the README's ``condenser.tar.gz``) are such folders. ``path``: a local
+    folder, or a hub id whose repository may hold ``model.pt`` (read from the local cache or
+    downloaded; a repository without it, or an offline hub without it cached, gives None).
+    """
+    from dprflow.model_init import resolve_model
+
+    local = Path(resolve_model(str(path)))
+    if local.is_dir():
+        file = local / AUTHORS_HEAD_FILE
+        if not file.is_file():
+            return None
+    else:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+        try:
+            file = Path(hf_hub_download(str(path), AUTHORS_HEAD_FILE))
+        except (EntryNotFoundError, LocalEntryNotFoundError):
+            log.info("%s holds no %s (a head saved by the authors' code)", path, AUTHORS_HEAD_FILE)
+            return None
+    state = torch.load(file, map_location="cpu", weights_only=True)
+    head = {k[len(AUTHORS_HEAD_PREFIX) :]: v for k, v in state.items() if k.startswith(AUTHORS_HEAD_PREFIX)}
+    if not head:
+        raise ValueError(f"{file}: no {AUTHORS_HEAD_PREFIX}* weights (not a Condenser head file)")
+    return head
 
 
 # -- coCondenser ----------------------------------------------------------------------------------

@@ -72,6 +72,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dprflow.finetuning import st_format
 from dprflow.finetuning.biencoder import pool
 from dprflow.model_init import resolve_model
 
@@ -380,6 +381,8 @@ class Contriever(nn.Module):
         (state_dir / STATE_CONFIG).write_text(
             json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
         )
+        # used with mean pooling and the dot product (Contriever section 3)
+        st_format.write_pretrained_encoder_files(out, "mean", self.encoder.config.hidden_size, extra or {})
 
     @classmethod
     def from_pretrained(

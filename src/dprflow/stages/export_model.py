@@ -1,0 +1,95 @@
+"""Stage ``export_model``: a trained model folder ready to upload, its card holding its metrics.
+
+A model's card is written when it is trained, before the comparison exists. After the
+comparison, this stage writes ``<out>/`` (``hub/`` beside the row's ``model/``): the model's files
+hard-linked (copied where links are impossible), without the training-run files a hub repository
+does not need (TensorBoard events, provenance), and a ``README.md`` whose Hugging Face metadata
+holds a ``model-index`` with the row's metrics from ``compare.csv``. ``huggingface-cli upload
+<repo> <out>`` publishes it as is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from dprflow.cli import StageError, run_stage
+from dprflow.data.schemas import umask_mode
+from dprflow.finetuning.st_format import (
+    CARD_FILE,
+    TRAINING_ARGS_FILE,
+    card_with_metrics,
+    comparison_metrics,
+    row_name,
+)
+
+log = logging.getLogger("dprflow.export_model")
+
+LEFT_OUT = {"events", "provenance.json", CARD_FILE}  # training-run files; the card is rewritten
+
+
+@dataclass
+class Args:
+    """Write an upload-ready copy of a trained model whose card holds the comparison's metrics."""
+
+    model: str = field(metadata={"help": "the trained model folder (its README.md and training_args.json)"})
+    compare_csv: str = field(metadata={"help": "results/compare.csv"})
+    collection: str = field(metadata={"help": "the collection the row was scored on"})
+    out: str = field(metadata={"help": "folder to write"})
+
+
+def link_tree(src: Path, dst: Path) -> None:
+    """Hard-link every file of ``src`` into ``dst`` (copy across file systems), leaving out :data:`LEFT_OUT`."""
+    for path in sorted(src.rglob("*")):
+        rel = path.relative_to(src)
+        if rel.parts[0] in LEFT_OUT or path.is_dir():
+            continue
+        target = dst / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copy2(path, target)
+
+
+def export(args: Args) -> None:
+    model = Path(args.model)
+    record = json.loads((model / TRAINING_ARGS_FILE).read_text())
+    reranker = (model / "dprflow_reranker.json").is_file()
+    if reranker:
+        record["role"] = "rerank"
+    table = pd.read_csv(args.compare_csv)
+    metrics = comparison_metrics(table, args.collection, row_name(record))
+    if not metrics:
+        raise StageError(f"{args.compare_csv}: no row {row_name(record)!r} on collection {args.collection!r}")
+    pipeline, tags = (
+        ("text-ranking", ["cross-encoder", "reranker"])
+        if reranker
+        else ("sentence-similarity", ["dense-retrieval"])
+    )
+    card = card_with_metrics((model / CARD_FILE).read_text(), record, pipeline, tags, metrics)
+    out = Path(args.out)
+    tmp = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    link_tree(model, tmp)
+    (tmp / CARD_FILE).write_text(card)
+    os.chmod(tmp, umask_mode(directory=True))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    log.info("%s: %s with %d metrics of row %s", out, model, len(metrics), row_name(record))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(Args, export, argv, "export_model")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
