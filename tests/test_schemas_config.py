@@ -174,6 +174,7 @@ def test_reference_models_are_named_and_checked(tmp_path):
     from dprflow.config import reference_models
 
     (tmp_path / "my model.v2").mkdir()
+    (tmp_path / "my model.v2" / "config.json").write_text('{"model_type": "bert"}')
     config = {
         "collections": {"c": {"source": "embedded"}},
         "model": {
