@@ -480,3 +480,6 @@ def test_transferred_rows_get_a_column_group_per_collection_and_a_mean(tmp_path)
     bm25 = next(line for line in md.splitlines() if line.startswith("| bm25 |")).split(" | ")
     assert bm25[2].startswith(f"{values['cisi/bm25'].mean():.4f}")
     assert "Transfer:" in md
+    # the column groups follow the config's collection order (--splits), not the files'
+    reordered = to_markdown(table, ["bm25", "none/zeroshot"], ["none"], ["nDCG@10"], {"cisi": "test", "cranfield": "test"})
+    assert reordered.splitlines()[0].startswith("| system | cisi (trained on cranfield) nDCG@10 | cranfield (trained on")

@@ -281,13 +281,14 @@ def scored_queries_note(
     return "Queries scored: " + ", ".join(parts) + "."
 
 
-def column_groups(table: pd.DataFrame) -> list[tuple[str, str]]:
-    """(scored collection, training collection) of each column group, in the table's order: one
-    per collection and each collection whose rows were scored on it; a collection scored by
-    untrained rows only has the training collection ''."""
+def column_groups(table: pd.DataFrame, order: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """(scored collection, training collection) of each column group: one per collection and each
+    collection whose rows were scored on it, collections in ``order`` (the config's) first, then
+    in the table's order; a collection scored by untrained rows only has the training collection ''."""
     trained = table.get("training_collection", pd.Series("", index=table.index)).fillna("")
+    present = list(dict.fromkeys(table["collection"]))
     groups = []
-    for c in dict.fromkeys(table["collection"]):
+    for c in [c for c in order if c in present] + [c for c in present if c not in order]:
         sources = list(dict.fromkeys(t for t in trained[table["collection"] == c] if t))
         groups += [(c, t) for t in sources] or [(c, "")]
     return groups
@@ -328,7 +329,7 @@ def to_markdown(
     if "training_collection" not in table:
         table = table.assign(training_collection="")
     table = table.assign(training_collection=table["training_collection"].fillna(""))
-    groups = column_groups(table)
+    groups = column_groups(table, list(splits or ()))
     transfer = any(t and t != c for c, t in groups)
     # BEIR's mean column: per training collection scored on several collections
     means = [t for t in dict.fromkeys(t for _, t in groups) if t and sum(g[1] == t for g in groups) > 1]
