@@ -10,7 +10,7 @@ min_version("8.20")
 
 # The library (config checking here; the stage modules in every job) lives in src/.
 sys.path.insert(0, f"{workflow.basedir}/src")
-from dprflow.config import check_baseline, read_config_file, validate_config
+from dprflow.config import check_baseline, read_config_file, reference_models, validate_config
 
 # The default config, unless the command line names its own (--configfile replaces it whole, so a
 # config file for another collection does not inherit the default collection).

@@ -35,11 +35,22 @@ ZEROSHOT_METHODS = ["contriever"]
 PRETRAINED_POOLING = {"contriever": "mean"}
 
 
+# The off-the-shelf models of model.references: row method ref-<name> -> model, pooling, similarity.
+REFERENCES = reference_models(config)
+NAME = "[A-Za-z0-9_-]+"
+# A row scored on another collection than the one it was trained on: <row>/on-<collection>, in the
+# training collection's folder (transfer evaluation, collections.<name>.evaluate_on / evaluate_only).
+TRANSFER = re.compile(f"^(?P<row>.+)/on-(?P<target>{NAME})$")
+TRANSFER_SUFFIX = f"(/on-{NAME})?"
+
+
 wildcard_constraints:
-    collection="(?!pretrain$)[A-Za-z0-9_-]+",
-    method="[A-Za-z0-9_-]+",
-    # bm25, <method>/zeroshot, or <method>/seed-<seed>/<stage> (a fine-tuned row of one seed)
-    system=f"bm25|[A-Za-z0-9_-]+/(zeroshot|seed-[0-9]+/({'|'.join(STAGES)}))",
+    collection=f"(?!pretrain$){NAME}",
+    method=NAME,
+    target=NAME,
+    # bm25, <method>/zeroshot, or <method>/seed-<seed>/<stage> (a fine-tuned row of one seed), the
+    # last two with /on-<collection> when scored on another collection (transfer)
+    system=f"bm25|{NAME}/(zeroshot|seed-[0-9]+/({'|'.join(STAGES)})){TRANSFER_SUFFIX}",
 
 
 def local_paths(*values):
@@ -88,25 +99,99 @@ def train_split(wildcards):
     return collection_spec(wildcards)["train_split"]
 
 
+def split_transfer(value):
+    """``seed-13/r2/on-cisi`` -> (``seed-13/r2``, ``cisi``); a row scored where it was trained ->
+    (value, None)."""
+    match = TRANSFER.match(value)
+    return (match["row"], match["target"]) if match else (value, None)
+
+
+def scored_collection(wildcards):
+    """The collection a row's run is scored on: its ``target`` wildcard or ``/on-<collection>``
+    suffix (transfer), else the collection it lives in."""
+    target = getattr(wildcards, "target", None)
+    for key in ("system", "retriever"):
+        value = getattr(wildcards, key, None)
+        if value is not None and target is None:
+            target = split_transfer(value)[1]
+    return target or wildcards.collection
+
+
+def of_scored_collection(path):
+    """An input function: ``path``, a pattern of ``{collection}`` (a rule's output), for the
+    collection the row is scored on (its own for a row scored where it was trained)."""
+
+    def resolved(wildcards):
+        return str(path).replace("{collection}", scored_collection(wildcards))
+
+    return resolved
+
+
+def scored_eval_split(wildcards):
+    return config["collections"][scored_collection(wildcards)]["eval_split"]
+
+
+def training_collections():
+    """Collections that train rows (every one not marked evaluate_only)."""
+    return [c for c, spec in config["collections"].items() if not spec["evaluate_only"]]
+
+
+def transfer_targets(collection):
+    """The other collections the rows trained on ``collection`` are scored on: its evaluate_on,
+    then every evaluate-only collection."""
+    spec = config["collections"][collection]
+    evaluate_only = [c for c, s in config["collections"].items() if s["evaluate_only"]]
+    return [c for c in dict.fromkeys(spec["evaluate_on"] + evaluate_only) if c != collection]
+
+
 def finetune_seeds():
     """The fine-tuning seeds: the top-level seeds list, else finetune.seed alone."""
     return config["seeds"] or [config["finetune"]["seed"]]
 
 
-def systems():
-    """Every evaluated row of the comparison: BM25, the initial model off the shelf, and each
+def untrained_rows():
+    """Rows that train nothing on the collection: BM25, the initial model and each reference model
+    off the shelf; every collection scores its own."""
+    return ["bm25", "none/zeroshot"] + [f"{ref}/zeroshot" for ref in REFERENCES]
+
+
+def trained_rows():
+    """Rows trained on a collection: a method's pre-trained encoder as it is (Contriever) and each
     method's fine-tuning stages once per seed (<method>/seed-<seed>/<stage>)."""
-    rows = ["bm25", "none/zeroshot"]
-    rows += [f"{m}/zeroshot" for m in config["methods"] if m in ZEROSHOT_METHODS]
+    rows = [f"{m}/zeroshot" for m in config["methods"] if m in ZEROSHOT_METHODS]
     for method in config["methods"]:
         for seed in finetune_seeds():
             rows += [f"{method}/seed-{seed}/{stage}" for stage in STAGES]
     return rows
 
 
+def systems():
+    """Every row of a training collection, scored on it."""
+    return untrained_rows() + trained_rows()
+
+
+def scored_rows():
+    """(folder collection, system) of every evaluated row: each collection's own rows (an
+    evaluate-only collection's: the untrained ones), then each training collection's trained rows
+    scored on its transfer targets (<row>/on-<target>, in the training collection's folder)."""
+    rows = []
+    for c, spec in config["collections"].items():
+        rows += [(c, s) for s in (untrained_rows() if spec["evaluate_only"] else systems())]
+    for c in training_collections():
+        rows += [(c, f"{s}/on-{t}") for t in transfer_targets(c) for s in trained_rows()]
+    return rows
+
+
+def is_dense(system):
+    """A row searched with a bi-encoder (it has an encoder.json): not BM25, not a reranked run."""
+    row = split_transfer(system)[0]
+    return row != "bm25" and not row.endswith("/rerank")
+
+
 def comparison_rows():
     """The rows of the comparison: each system with its seed folded away (<method>/<stage>)."""
-    return list(dict.fromkeys(re.sub("/seed-[0-9]+/", "/", s) for s in systems()))
+    names = (split_transfer(s)[0] for _, s in scored_rows())
+    return list(dict.fromkeys(re.sub("/seed-[0-9]+/", "/", s) for s in names))
 
 
 # The baseline must be one of them: checked now, not when the comparison is made.
@@ -118,9 +203,16 @@ check_baseline(config, comparison_rows())
 FT = config["finetune"]
 
 
+# an encoder whose corpus is encoded and searched: zeroshot, or seed-<seed>/<trained>
+TRAINED_RETRIEVER = "seed-[0-9]+/(r1|r2|distill)"
+NATIVE_RETRIEVER = f"zeroshot|{TRAINED_RETRIEVER}"
+# searched for its evaluation queries only (no training run to mine): zeroshot, or a transfer
+EVAL_ONLY_RETRIEVER = f"zeroshot|({NATIVE_RETRIEVER})/on-{NAME}"
+
+
 wildcard_constraints:
-    # an encoder whose corpus is encoded and searched: zeroshot, or seed-<seed>/<trained>
-    retriever="zeroshot|seed-[0-9]+/(r1|r2|distill)",
+    # ... with /on-<collection> when it encodes another collection's corpus (transfer)
+    retriever=f"({NATIVE_RETRIEVER}){TRANSFER_SUFFIX}",
     trained="r1|r2|distill",
     seed="[0-9]+",
     shard="[0-9]+",

@@ -1,4 +1,6 @@
-# Evaluation: per-query metrics of every run, then one comparison table over all of them.
+# Evaluation: per-query metrics of every run, then one comparison table over all of them. A row
+# scored on another collection than its own (<row>/on-<target>, rules/transfer.smk) is scored on
+# the target's queries and qrels.
 
 
 def compare_results_dir(wildcards, output):
@@ -25,8 +27,8 @@ def trained_on_collections():
     """Collections whose scored split is their training split (score_training_queries)."""
     return [
         c
-        for c, spec in config["collections"].items()
-        if spec["eval_split"] == spec["train_split"]
+        for c in training_collections()
+        if config["collections"][c]["eval_split"] == config["collections"][c]["train_split"]
     ]
 
 
@@ -42,7 +44,7 @@ def hub_folders():
     """The upload-ready folder of every trained model of every row (export_model)."""
     return [
         f"{RESULTS}/{c}/{m}/seed-{seed}/{stage}/hub"
-        for c in config["collections"]
+        for c in training_collections()
         for m in config["methods"]
         for seed in finetune_seeds()
         for stage in STAGES
@@ -50,30 +52,26 @@ def hub_folders():
 
 
 def metrics_files():
-    return [
-        f"{RESULTS}/{c}/{s}/metrics.parquet"
-        for c in config["collections"]
-        for s in systems()
-    ]
+    return [f"{RESULTS}/{c}/{s}/metrics.parquet" for c, s in scored_rows()]
 
 
 def encoder_files():
     """The encoder.json of every dense row: the pooling and similarity the table shows."""
-    return [
-        f"{RESULTS}/{c}/{s}/encoder.json"
-        for c in config["collections"]
-        for s in systems()
-        if s != "bm25" and not s.endswith("/rerank")
-    ]
+    return [f"{RESULTS}/{c}/{s}/encoder.json" for c, s in scored_rows() if is_dense(s)]
+
+
+def row_order():
+    """The method order of the table's rows: the reference models first, then config methods."""
+    return [*REFERENCES, *config["methods"]]
 
 
 rule evaluate:
     input:
         code=stage_code("evaluate"),
         run=f"{RESULTS}/{{collection}}/{{system}}/run.parquet",
-        passages=rules.split_passages.output.passages,
-        queries=rules.ingest.output.queries,
-        qrels=rules.ingest.output.qrels,
+        passages=of_scored_collection(rules.split_passages.output.passages),
+        queries=of_scored_collection(rules.ingest.output.queries),
+        qrels=of_scored_collection(rules.ingest.output.qrels),
     output:
         metrics=f"{RESULTS}/{{collection}}/{{system}}/metrics.parquet",
         doc_run=f"{RESULTS}/{{collection}}/{{system}}/run.doc.trec",
@@ -88,7 +86,7 @@ rule evaluate:
         mem_mb=4000,
         runtime=30,
     params:
-        split=eval_split,
+        split=scored_eval_split,
         metrics=config["evaluation"]["metrics"],
     shell:
         "python -m dprflow.stages.evaluate --run {input.run:q} --passages {input.passages:q}"
@@ -116,7 +114,7 @@ rule compare:
         runtime=10,
     params:
         metrics=config["evaluation"]["metrics"],
-        methods=config["methods"],
+        methods=row_order(),
         baseline=config["evaluation"]["baseline"],
         results=compare_results_dir,
         paper_references=paper_references(),
@@ -125,6 +123,7 @@ rule compare:
         significance=config["evaluation"]["significance"],
         permutations=config["evaluation"]["permutations"],
         permutation_seed=config["evaluation"]["permutation_seed"],
+        untrained=untrained_rows(),
     shell:
         "python -m dprflow.stages.compare --metrics-files {input.metrics:q} --results-dir {params.results:q}"
         " --encoder-files {input.encoders:q} --out-md {output.md:q} --out-csv {output.csv:q}"
@@ -133,6 +132,7 @@ rule compare:
         " --significance {params.significance:q} --permutations {params.permutations:q}"
         " --permutation-seed {params.permutation_seed:q}"
         " --splits {params.splits:q} --trained-on {params.trained_on:q}"
+        " --untrained-rows {params.untrained:q}"
         " --paper-references {params.paper_references:q} > {log:q} 2>&1"
 
 

@@ -10,7 +10,7 @@ def report_results_dir(wildcards, output):
 def nb_recall_files():
     return [
         f"{RESULTS}/{c}/{m}/seed-{s}/nb_recall.parquet"
-        for c in config["collections"]
+        for c in training_collections()
         for m in config["methods"]
         for s in finetune_seeds()
     ]
@@ -41,7 +41,7 @@ def pretrained_models(collection, method):
 def training_model_dirs():
     """The model folder of every training stage of the run; each holds its train_log.csv."""
     dirs = []
-    for c in config["collections"]:
+    for c in training_collections():
         for m in config["methods"]:
             dirs += pretrained_models(c, m)
             dirs += [

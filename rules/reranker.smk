@@ -126,6 +126,38 @@ rule rerank:
         " {params.flags} --threads {threads} > {log:q} 2>&1"
 
 
+# Retriever 2's run on another collection (transfer evaluation), reranked by the same reranker.
+rule rerank_transfer:
+    input:
+        code=stage_code("rerank"),
+        model=rules.train_reranker.output.model,
+        run=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/r2/on-{{target}}/run.parquet",
+        queries=of_scored_collection(rules.ingest.output.queries),
+        passages=of_scored_collection(rules.split_passages.output.passages),
+    output:
+        run=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/on-{{target}}/run.parquet",
+        trec=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/on-{{target}}/run.trec",
+    log:
+        f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/on-{{target}}/rerank.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/{{method}}/seed-{{seed}}/on-{{target}}/rerank.tsv"
+    conda:
+        "../envs/training.yaml"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=rerank_runtime,
+    params:
+        depth=FT["reranker"]["depth"],
+        max_length=FT["reranker"]["max_length"],
+        precision=config["precision"],
+    shell:
+        "python -m dprflow.stages.rerank --model {input.model:q} --run {input.run:q}"
+        " --queries {input.queries:q} --passages {input.passages:q} --out {output.run:q}"
+        " --trec {output.trec:q} --depth {params.depth:q} --max-length {params.max_length:q}"
+        " --precision {params.precision:q} --threads {threads:q} > {log:q} 2>&1"
+
+
 rule score_candidates:
     input:
         code=stage_code("score_candidates"),

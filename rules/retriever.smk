@@ -1,7 +1,9 @@
 # Bi-encoder retrievers: training (retriever 1, retriever 2, distilled), corpus encoding in
 # shards, exact search, hard-negative mining, and neighbourhood recall between retrievers 1 and 2.
 # Fine-tuned outputs live in results/<collection>/<method>/seed-<seed>/ (one per config seed);
-# the off-the-shelf encoders in results/<collection>/<method>/zeroshot/.
+# the off-the-shelf encoders in results/<collection>/<method>/zeroshot/ (model.references: method
+# ref-<name>). A row scored on another collection than its own (transfer evaluation) encodes and
+# searches that collection in <row>/on-<collection>/ (search_eval).
 
 
 def pretrained_encoder(wildcards):
@@ -15,19 +17,26 @@ def pretrained_encoder(wildcards):
 
 
 def method_init(wildcards):
-    """The checkpoint a method's fine-tuning starts from (method none: model.init itself)."""
+    """The checkpoint a method's fine-tuning starts from (method none: model.init itself; a
+    reference row ref-<name>: its model)."""
     if wildcards.method == "condenser":
         return condenser_model()
     encoder = pretrained_encoder(wildcards)
-    return encoder[0] if encoder else config["model"]["init"]
+    if encoder:
+        return encoder[0]
+    if wildcards.method in REFERENCES:
+        return REFERENCES[wildcards.method]["model"]
+    return config["model"]["init"]
 
 
 def init_fingerprint(wildcards):
     """The content (see content_fingerprint) of the user's folder a job starts from: model.init for
     the retrievers of method none, pretrain.cocondenser.init for the condenser row's; among dense
     rows only the zeroshot one reads it."""
-    if getattr(wildcards, "retriever", "zeroshot") != "zeroshot":
+    if split_transfer(getattr(wildcards, "retriever", "zeroshot"))[0] != "zeroshot":
         return ""
+    if wildcards.method in REFERENCES:
+        return content_fingerprint(REFERENCES[wildcards.method]["model"])
     if wildcards.method == "condenser":
         return content_fingerprint(PT["cocondenser"]["init"])
     if pretrained_encoder(wildcards):
@@ -53,6 +62,8 @@ def initial_geometry(method):
     configuration, else cls and dot)."""
     if method == "none":
         return config["model"]["pooling"], config["model"]["similarity"]
+    if method in REFERENCES:
+        return REFERENCES[method]["pooling"], REFERENCES[method]["similarity"]
     return PRETRAINED_POOLING.get(method), None
 
 
@@ -62,16 +73,22 @@ def finetune_geometry(method):
     return FT["pooling"] or pooling, FT["similarity"] or similarity
 
 
+def native_retriever(wildcards):
+    """The retriever without its transfer suffix: the model is the same whatever it encodes."""
+    return split_transfer(wildcards.retriever)[0]
+
+
 def encoder_inputs(wildcards):
     """The trained model folder of a retriever; for a zeroshot row, the method's pre-trained
-    encoder (none for the initial model off the shelf)."""
-    if wildcards.retriever == "zeroshot":
-        return pretrained_encoder(wildcards) or model_init_input(wildcards)
-    return f"{RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}/model"
+    encoder, or the off-the-shelf model where it is a local folder."""
+    retriever = native_retriever(wildcards)
+    if retriever == "zeroshot":
+        return pretrained_encoder(wildcards) or local_paths(method_init(wildcards))
+    return f"{RESULTS}/{wildcards.collection}/{wildcards.method}/{retriever}/model"
 
 
 def run_tag(wildcards):
-    """The TREC run tag of a dense run: method, seed and stage, e.g. none-seed-13-r2."""
+    """The TREC run tag of a dense run: method, seed and stage, e.g. none-seed-13-r2 (none-seed-13-r2-on-cisi)."""
     return "-".join([wildcards.method, *Path(wildcards.retriever).parts])
 
 
@@ -79,12 +96,13 @@ def encoder_flags(wildcards):
     """The encoder of a dense run and its precision (passages, and queries unless the embeddings
     record theirs): a zeroshot row's initial model as it ships (or as model.* says), else the
     trained folder with the geometry it was trained with."""
-    if wildcards.retriever == "zeroshot":
+    retriever = native_retriever(wildcards)
+    if retriever == "zeroshot":
         model = f"--model {q(method_init(wildcards))}" + geometry_flags(
             *initial_geometry(wildcards.method)
         )
     else:
-        model = f"--model {q(f'{RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}/model')}"
+        model = f"--model {q(f'{RESULTS}/{wildcards.collection}/{wildcards.method}/{retriever}/model')}"
     return f"{model} {precision_flag()}"
 
 
@@ -104,9 +122,10 @@ def faiss_index_dirs():
     """The pyserini FaissSearcher folder of every dense row, when finetune.faiss_index is on."""
     if not FT["faiss_index"]:
         return []
-    dense = [row for row in systems() if row != "bm25" and not row.endswith("/rerank")]
     return [
-        f"{RESULTS}/{c}/{row}/faiss" for c in config["collections"] for row in dense
+        f"{RESULTS}/{c}/{row}/faiss"
+        for c, row in scored_rows()
+        if is_dense(row) and split_transfer(row)[1] is None
     ]
 
 
@@ -245,7 +264,7 @@ rule train_retriever:
 rule encode_corpus:
     input:
         code=stage_code("encode_corpus"),
-        passages=rules.split_passages.output.passages,
+        passages=of_scored_collection(rules.split_passages.output.passages),
         model=encoder_inputs,
     output:
         embeddings=embeddings_output(),
@@ -273,6 +292,9 @@ rule encode_corpus:
 
 
 rule search_dense:
+    # a fine-tuned retriever on its own collection: the evaluation and the training queries
+    wildcard_constraints:
+        retriever=TRAINED_RETRIEVER,
     input:
         code=stage_code("search_dense"),
         embeddings=embedding_shards,
@@ -309,6 +331,44 @@ rule search_dense:
         " --train-split {params.train_split:q} --depth {params.depth:q}"
         " --train-depth {params.train_depth:q} --max-length {params.max_length:q}"
         " --tag {params.tag:q} --threads {threads} > {log:q} 2>&1"
+
+
+# A row that needs no training run: an off-the-shelf (zeroshot) row, or a row scored on another
+# collection than the one it was trained on (transfer); only the evaluation queries are searched.
+rule search_eval:
+    wildcard_constraints:
+        retriever=EVAL_ONLY_RETRIEVER,
+    input:
+        code=stage_code("search_dense"),
+        embeddings=embedding_shards,
+        queries=of_scored_collection(rules.ingest.output.queries),
+        model=encoder_inputs,
+    output:
+        run=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/run.parquet",
+        trec=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/run.trec",
+        encoder=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/encoder.json",
+    log:
+        f"{LOGS}/{{collection}}/{{method}}/{{retriever}}/search_dense.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{{retriever}}/search_dense.tsv"
+    conda:
+        "../envs/training.yaml"
+    threads: 2
+    resources:
+        mem_mb=search_mem_mb,
+        runtime=search_runtime,
+    params:
+        fingerprint=init_fingerprint,
+        flags=encoder_flags,
+        eval_split=scored_eval_split,
+        depth=FT["search_depth"],
+        max_length=FT["max_query_length"],
+        tag=run_tag,
+    shell:
+        "python -m dprflow.stages.search_dense {params.flags} --embeddings {input.embeddings:q}"
+        " --queries {input.queries:q} --out {output.run:q} --trec {output.trec:q}"
+        " --encoder-out {output.encoder:q} --eval-split {params.eval_split:q} --depth {params.depth:q}"
+        " --max-length {params.max_length:q} --tag {params.tag:q} --threads {threads:q} > {log:q} 2>&1"
 
 
 rule export_faiss:

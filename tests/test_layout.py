@@ -4,6 +4,7 @@ and model modules that hold a model and its loss without knowing how they are st
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,38 @@ def test_every_rule_has_its_stage_module():
     assert named, "no rule names a stage module"
     missing = sorted(n for n in named if not (PACKAGE / "stages" / f"{n}.py").is_file())
     assert missing == []
+
+
+ROOT = PACKAGE.parents[1]
+DOCS = ROOT / "docs"
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def test_the_readme_is_short_and_opens_with_the_two_commands():
+    """What it does, make run and make test within the first 60 lines, the default run's table,
+    where to go next; the rest lives in docs/."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    head = "\n".join(lines[:60])
+    assert "make run" in head and "make test" in head
+    assert "| none/r2 |" in head  # the default run's table
+    assert len(lines) <= 100, len(lines)
+    assert "(docs/README.md)" in "\n".join(lines)
+
+
+def test_every_docs_page_opens_with_what_it_is_for_and_is_in_the_index():
+    index = (DOCS / "README.md").read_text()
+    pages = sorted(DOCS.glob("*.md"))
+    assert len(pages) > 5
+    for page in pages:
+        lines = page.read_text().splitlines()
+        assert lines[0].startswith("# ") and lines[1] == "", page.name
+        assert lines[2] and not lines[2].startswith(("#", "|", "```", "-")), page.name  # a sentence first
+        if page.name != "README.md":
+            assert f"]({page.name})" in index, f"{page.name} is not listed in docs/README.md"
+
+
+def test_links_between_the_pages_resolve():
+    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for target in LINK.findall(page.read_text()):
+            if "://" not in target:
+                assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links to missing {target}"

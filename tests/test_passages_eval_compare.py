@@ -413,3 +413,73 @@ def test_trec_qrels_refuses_a_split_without_judged_queries(tmp_path, capsys):
     assert trec_qrels.main([*argv, "--split", "dev", "--out", str(tmp_path / "q.trec")]) == 1
     assert "no query of split 'dev' has a relevant judgment" in capsys.readouterr().err
     assert not (tmp_path / "q.trec").exists()
+
+
+def test_transferred_rows_get_a_column_group_per_collection_and_a_mean(tmp_path):
+    """Rows trained on cranfield, scored on cranfield and (in on-cisi/) on cisi: one column group
+    per scored collection naming the training collection, BM25 and the off-the-shelf row in both as
+    the collection's own, the mean over the two collections per row, and the t-test of a
+    transferred row against cisi's own BM25 on cisi's queries."""
+    from dprflow.data.schemas import write_table
+    from dprflow.stages import compare
+
+    results = tmp_path / "results"
+    rng = np.random.default_rng(1)
+    qids = [f"q{i}" for i in range(20)]
+    values = {
+        "cranfield/bm25": rng.uniform(0, 0.4, 20),
+        "cranfield/none/zeroshot": rng.uniform(0, 0.5, 20),
+        "cranfield/none/seed-13/r2": rng.uniform(0.3, 0.9, 20),
+        "cisi/bm25": rng.uniform(0, 0.3, 20),
+        "cisi/none/zeroshot": rng.uniform(0, 0.4, 20),
+        "cranfield/none/seed-13/r2/on-cisi": rng.uniform(0.5, 1.0, 20),
+    }
+    for row, v in values.items():
+        (results / row).mkdir(parents=True)
+        write_table(
+            pd.DataFrame({"query_id": qids, "metric": "nDCG@10", "value": v}),
+            results / row / "metrics.parquet",
+            "metrics",
+        )
+    argv = ["--metrics-files", *(str(results / r / "metrics.parquet") for r in values)]
+    argv += ["--results-dir", str(results), "--metrics", "nDCG@10", "--splits", "cranfield=test", "cisi=test"]
+    argv += ["--out-md", str(results / "compare.md"), "--out-csv", str(results / "compare.csv")]
+    assert compare.main(argv) == 0
+    table = pd.read_csv(results / "compare.csv")
+    table["training_collection"] = table["training_collection"].fillna("")
+    got = {
+        (r.collection, r.system, r.training_collection): round(float(r.value), 6)
+        for r in table.itertuples()
+    }
+    assert got == {
+        ("cranfield", "bm25", ""): round(values["cranfield/bm25"].mean(), 6),
+        ("cranfield", "none/zeroshot", ""): round(values["cranfield/none/zeroshot"].mean(), 6),
+        ("cranfield", "none/r2", "cranfield"): round(values["cranfield/none/seed-13/r2"].mean(), 6),
+        ("cisi", "bm25", ""): round(values["cisi/bm25"].mean(), 6),
+        ("cisi", "none/zeroshot", ""): round(values["cisi/none/zeroshot"].mean(), 6),
+        ("cisi", "none/r2", "cranfield"): round(values["cranfield/none/seed-13/r2/on-cisi"].mean(), 6),
+    }
+    transferred = table[(table["collection"] == "cisi") & (table["system"] == "none/r2")].iloc[0]
+    # cisi's family: zeroshot and the transferred r2 against cisi's BM25, Holm over the two
+    raw = [
+        stats.ttest_rel(values["cisi/none/zeroshot"], values["cisi/bm25"]).pvalue,
+        stats.ttest_rel(values["cranfield/none/seed-13/r2/on-cisi"], values["cisi/bm25"]).pvalue,
+    ]
+    assert transferred["p_bm25"] == pytest.approx(holm(raw)[1], rel=1e-4)
+    md = (results / "compare.md").read_text()
+    header = md.splitlines()[2]
+    assert header == (
+        "| system | cranfield (trained on cranfield) nDCG@10 | cisi (trained on cranfield) nDCG@10 "
+        "| mean of 2 collections (trained on cranfield) nDCG@10 |"
+    )
+    r2 = next(line for line in md.splitlines() if line.startswith("| none/r2 |")).split(" | ")
+    mean = (values["cranfield/none/seed-13/r2"].mean() + values["cranfield/none/seed-13/r2/on-cisi"].mean()) / 2
+    assert r2[1].startswith(f"{values['cranfield/none/seed-13/r2'].mean():.4f}")
+    assert r2[2].startswith(f"{values['cranfield/none/seed-13/r2/on-cisi'].mean():.4f}")
+    assert r2[3].rstrip(" |") == f"{mean:.4f}"
+    bm25 = next(line for line in md.splitlines() if line.startswith("| bm25 |")).split(" | ")
+    assert bm25[2].startswith(f"{values['cisi/bm25'].mean():.4f}")
+    assert "Transfer:" in md
+    # the column groups follow the config's collection order (--splits), not the files'
+    reordered = to_markdown(table, ["bm25", "none/zeroshot"], ["none"], ["nDCG@10"], {"cisi": "test", "cranfield": "test"})
+    assert reordered.splitlines()[0].startswith("| system | cisi (trained on cranfield) nDCG@10 | cranfield (trained on")

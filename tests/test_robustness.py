@@ -339,7 +339,7 @@ def test_queries_with_a_short_pool_are_counted_and_logged():
 
 TINY = ROOT / "tests" / "data" / "tiny_workflow.yaml"
 # Output folders (directory() outputs) among the tiny DAG's outputs, by the rule that writes them.
-FOLDER_RULES = ("pretrain_", "train_", "bm25_index")
+FOLDER_RULES = ("pretrain_", "train_", "bm25_index", "export_")
 
 
 def planned_jobs(workdir: Path, configfile: Path, *extra: str) -> dict[str, int]:

@@ -119,3 +119,84 @@ def test_unknown_value_lists_the_allowed_ones():
 def test_source_specific_keys_are_checked():
     with pytest.raises(ConfigError, match="source 'beir' needs the key 'path'"):
         validate_config({"collections": {"c": {"source": "beir"}}}, SCHEMA)
+
+
+def beir_stub(root: Path, splits=("train", "test")) -> Path:
+    """An empty BEIR folder declaring ``splits`` (the config checks read only qrels/*.tsv)."""
+    (root / "qrels").mkdir(parents=True, exist_ok=True)
+    for name in ("corpus.jsonl", "queries.jsonl"):
+        (root / name).write_text("")
+    for split in splits:
+        (root / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n")
+    return root
+
+
+def transfer_config(tmp_path, **cisi) -> dict:
+    return {
+        "collections": {
+            "cranfield": {"source": "beir", "path": str(beir_stub(tmp_path / "cranfield"))},
+            "cisi": {"source": "beir", "path": str(beir_stub(tmp_path / "cisi", ("test",))), **cisi},
+        }
+    }
+
+
+def test_an_evaluate_only_collection_needs_no_training_split(tmp_path):
+    with pytest.raises(ConfigError, match=r"collections\.cisi\.train_split = 'train' is not a split"):
+        validate_config(transfer_config(tmp_path), SCHEMA)
+    config = validate_config(transfer_config(tmp_path, evaluate_only=True), SCHEMA)
+    assert config["collections"]["cisi"]["evaluate_only"] is True
+    assert config["collections"]["cranfield"]["evaluate_on"] == []
+    with pytest.raises(ConfigError, match=r"collections\.cisi\.eval_split = 'dev' is not a split"):
+        validate_config(transfer_config(tmp_path / "dev", evaluate_only=True, eval_split="dev"), SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "evaluate_on, message",
+    [
+        (["trec-covid"], r"collections\.cranfield\.evaluate_on\[0\] = 'trec-covid' is not a collection of this config; its collections: cranfield, cisi"),
+        (["cranfield"], r"collections\.cranfield\.evaluate_on\[0\] = 'cranfield' is the collection itself"),
+    ],
+)
+def test_evaluate_on_names_other_collections(tmp_path, evaluate_on, message):
+    config = transfer_config(tmp_path, evaluate_only=True)
+    config["collections"]["cranfield"]["evaluate_on"] = evaluate_on
+    with pytest.raises(ConfigError, match=message):
+        validate_config(config, SCHEMA)
+
+
+def test_an_evaluate_only_collection_transfers_nothing(tmp_path):
+    config = transfer_config(tmp_path, evaluate_only=True, evaluate_on=["cranfield"])
+    with pytest.raises(ConfigError, match=r"collections\.cisi\.evaluate_on: collection 'cisi' is evaluate_only"):
+        validate_config(config, SCHEMA)
+
+
+def test_reference_models_are_named_and_checked(tmp_path):
+    from dprflow.config import reference_models
+
+    (tmp_path / "my model.v2").mkdir()
+    (tmp_path / "my model.v2" / "config.json").write_text('{"model_type": "bert"}')
+    config = {
+        "collections": {"c": {"source": "embedded"}},
+        "model": {
+            "references": [
+                "BAAI/bge-small-en-v1.5",
+                str(tmp_path / "my model.v2"),
+                {"model": "facebook/contriever", "name": "contriever", "pooling": "mean", "similarity": "dot"},
+            ]
+        },
+    }
+    refs = reference_models(validate_config(config, SCHEMA))
+    assert refs == {
+        "ref-bge-small-en-v1-5": {"model": "BAAI/bge-small-en-v1.5", "pooling": None, "similarity": None},
+        "ref-my-model-v2": {"model": str(tmp_path / "my model.v2"), "pooling": None, "similarity": None},
+        "ref-contriever": {"model": "facebook/contriever", "pooling": "mean", "similarity": "dot"},
+    }
+    config["model"]["references"].append("other/bge-small-en-v1.5")
+    with pytest.raises(ConfigError, match=r"model\.references\[3\] \('other/bge-small-en-v1\.5'\) and an earlier reference \('BAAI/bge-small-en-v1\.5'\) are both named 'ref-bge-small-en-v1-5'"):
+        validate_config(config, SCHEMA)
+    config["model"]["references"] = [str(tmp_path / "missing")]
+    with pytest.raises(ConfigError, match=r"model\.references\[0\] = '.*missing' does not exist"):
+        validate_config(config, SCHEMA)
+    config["model"]["references"] = [{"model": "x/y", "pooling": "max"}]
+    with pytest.raises(ConfigError, match=r"model\.references\[0\]"):
+        validate_config(config, SCHEMA)

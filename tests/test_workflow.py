@@ -276,3 +276,92 @@ def test_more_encoding_shards_retrain_nothing(finished_run, tmp_path):
     text = log.read_text()
     assert "reused the model this stage finished" in text and "step 1/" not in text  # ... not trained
     assert {p: p.read_bytes() for p in kept} == before
+
+
+def reference_folder(root: Path) -> Path:
+    """A tiny sentence-transformers model (mean pooling, cosine) with query and passage prompts."""
+    from conftest import save_tiny_bert
+
+    from dprflow.finetuning.st_format import ST_CONFIG_FILE, write_st_files
+
+    save_tiny_bert(root, dropout=0.0)
+    write_st_files(root, "mean", "cosine", dimension=32, max_seq_length=64)
+    config = json.loads((root / ST_CONFIG_FILE).read_text())
+    (root / ST_CONFIG_FILE).write_text(json.dumps({**config, "prompts": {"query": "q: ", "passage": "p: "}}))
+    return root
+
+
+def transfer_config(base: Path, tmp_path: Path) -> Path:
+    """The tiny config plus an evaluate-only collection (60 other documents, every query scored)
+    and one reference model."""
+    changed = yaml.safe_load(base.read_text())
+    changed["collections"]["other"] = {
+        "source": "embedded",
+        "max_documents": 60,
+        "split_percent": {"train": 0, "dev": 0, "test": 100},
+        "evaluate_only": True,
+    }
+    changed.setdefault("model", {})["references"] = [str(reference_folder(tmp_path / "tiny-st"))]
+    path = tmp_path / "transfer.yaml"
+    path.write_text(yaml.safe_dump(changed))
+    return path
+
+
+def test_transfer_and_references_dag(tmp_path):
+    """Dry run: nothing is trained on the evaluate-only collection; every trained row is encoded,
+    searched and scored on it from the training collection's model; the reference row is scored
+    on both collections with its own folder."""
+    config = transfer_config(TINY, tmp_path)
+    result = snakemake(tmp_path, config, "-n", "-p")
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = planned_jobs(result)
+    assert {k: jobs.get(k) for k in ("train_retriever", "bm25_negatives", "pretrain_corpus", "train_reranker")} == {
+        "train_retriever": 3,
+        "bm25_negatives": 1,
+        "pretrain_corpus": 1,
+        "train_reranker": 1,
+    }
+    # none/zeroshot and the reference on each collection; r1, r2, distill on the other
+    assert jobs["search_eval"] == 2 * 2 + 3 and jobs["search_dense"] == 3 and jobs["rerank_transfer"] == 1
+    # tiny: bm25, 2 off the shelf, 4 trained; other: bm25, 2 off the shelf, 4 transferred
+    assert jobs["evaluate"] == 7 + 7 and jobs["bm25_index"] == 2
+    commands = [line.strip() for line in result.stdout.splitlines() if "dprflow.stages.encode_corpus" in line]
+    transferred = [c for c in commands if "seed-13/r2/on-other/embeddings" in c]
+    assert len(transferred) == 2  # two shards
+    assert all(
+        "--model results/tiny/cocondenser/seed-13/r2/model" in c and "--passages results/other/passages.parquet" in c
+        for c in transferred
+    )
+    reference = [c for c in commands if "ref-tiny-st/zeroshot" in c]
+    assert len(reference) == 4 and all(f"--model {tmp_path / 'tiny-st'}" in c for c in reference)
+    assert "--untrained-rows bm25 none/zeroshot ref-tiny-st/zeroshot" in result.stdout
+
+
+def test_transfer_end_to_end_scores_the_trained_rows_on_the_other_collection(finished_run, tmp_path):
+    """After the tiny run, an evaluate-only collection and a reference model: only encoding,
+    search, reranking and scoring run (no training), and the comparison has a column group per
+    collection, naming the training collection, and the mean over the two."""
+    workdir, config = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy, symlinks=True)
+    result = snakemake(copy, transfer_config(config, tmp_path), "results/compare.md")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rule train_retriever" not in result.stdout + result.stderr
+    table = pd.read_csv(copy / "results" / "compare.csv")
+    table["training_collection"] = table["training_collection"].fillna("")
+    other = table[(table["collection"] == "other") & (table["metric"] == "nDCG@10")]
+    rows = dict(zip(other["system"], other["training_collection"], strict=True))
+    stages = ("r1", "r2", "rerank", "distill")
+    assert rows == {
+        "bm25": "",
+        "none/zeroshot": "",
+        "ref-tiny-st/zeroshot": "",
+        **{f"cocondenser/{s}": "tiny" for s in stages},
+    }
+    assert other["value"].between(0, 1).all() and (other["n_queries"] > 0).all()
+    assert (copy / "results" / "tiny" / "cocondenser" / "seed-13" / "r2" / "on-other" / "run.trec").exists()
+    header = (copy / "results" / "compare.md").read_text().splitlines()[2]
+    assert "| tiny (trained on tiny) nDCG@10 |" in header and "| other (trained on tiny) nDCG@10 |" in header
+    assert "| mean of 2 collections (trained on tiny) nDCG@10 |" in header
+    encoder = json.loads((copy / "results" / "other" / "ref-tiny-st" / "zeroshot" / "encoder.json").read_text())
+    assert encoder["prompts"] == {"query": "q: ", "passage": "p: "}

@@ -9,7 +9,10 @@ problem naming its key (:func:`_check_values`): split shares summing to 100, the
 training splits among those a collection declares and different from each other (unless
 ``score_training_queries`` says otherwise), metric names that ir_measures parses, span and crop
 ranges, and token lengths within the model's position limit (read offline from its
-``config.json``; skipped when it cannot be read without the network). The baseline is checked
+``config.json``; skipped when it cannot be read without the network), ``evaluate_on`` naming
+other collections of the config, ``model.references`` giving distinct row names (each reference
+found as the other model settings are), and a ``model.init`` to be
+fine-tuned that ships no sentence-transformers prompts. The baseline is checked
 against the rows the run produces by :func:`check_baseline`.
 """
 
@@ -19,6 +22,7 @@ import copy
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +107,14 @@ def _check_splits(config: dict) -> list[str]:
     problems = []
     for name, spec in config["collections"].items():
         where = f"collections.{name}"
+        if spec["evaluate_only"]:  # nothing trains on it: only the scored split matters
+            splits = declared_splits(spec)
+            if splits is not None and spec["eval_split"] not in splits:
+                problems.append(
+                    f"{where}.eval_split = {spec['eval_split']!r} is not a split of this collection; its "
+                    f"splits: {', '.join(splits) or 'none'}"
+                )
+            continue
         if spec["source"] == "embedded":
             share = spec["split_percent"]
             if sum(share.values()) != 100:
@@ -200,6 +212,9 @@ def _check_lengths(config: dict) -> list[str]:
         (init, "pretrain.contriever.max_doc_tokens", _contriever_tokens(pt["contriever"]) + 2),
         (reranker, "finetune.reranker.max_length", ft["reranker"]["max_length"]),
     ]
+    for ref in _references(config)[0].values():
+        lengths.append((ref["model"], "finetune.max_query_length", ft["max_query_length"]))
+        lengths.append((ref["model"], "finetune.max_passage_length", ft["max_passage_length"]))
     if not pt["doc2query"]["model"]:
         lengths.append(
             (
@@ -237,6 +252,88 @@ def _check_paths(config: dict) -> list[str]:
     return [f"{key} = {value!r} does not exist" for key, value in paths if not Path(value).exists()]
 
 
+def _check_transfer(config: dict) -> list[str]:
+    """evaluate_on names other collections of the config; an evaluate-only collection names none
+    (nothing is trained on it to transfer)."""
+    problems = []
+    names = list(config["collections"])
+    for name, spec in config["collections"].items():
+        where = f"collections.{name}.evaluate_on"
+        if spec["evaluate_only"] and spec["evaluate_on"]:
+            problems.append(
+                f"{where}: collection {name!r} is evaluate_only, so no row is trained on it to score "
+                "elsewhere; remove evaluate_on or evaluate_only"
+            )
+        for i, target in enumerate(spec["evaluate_on"]):
+            if target == name:
+                problems.append(f"{where}[{i}] = {target!r} is the collection itself (its rows are scored on it anyway)")
+            elif target not in names:
+                problems.append(
+                    f"{where}[{i}] = {target!r} is not a collection of this config; its collections: "
+                    f"{', '.join(names)}"
+                )
+    return problems
+
+
+REFERENCE_PREFIX = "ref-"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "-", text)
+
+
+def _references(config: dict) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    out: dict[str, dict[str, Any]] = {}
+    problems = []
+    for i, entry in enumerate(config["model"]["references"]):
+        spec = {"model": entry} if isinstance(entry, str) else dict(entry)
+        name = spec.get("name") or _slug(Path(spec["model"].rstrip("/")).name or spec["model"])
+        row = REFERENCE_PREFIX + name
+        if row in out:
+            problems.append(
+                f"model.references[{i}] ({spec['model']!r}) and an earlier reference "
+                f"({out[row]['model']!r}) are both named {row!r}; give one a name: {{model: ..., name: ...}}"
+            )
+        out[row] = {"model": spec["model"], "pooling": spec.get("pooling"), "similarity": spec.get("similarity")}
+    return out, problems
+
+
+def reference_models(config: dict) -> dict[str, dict[str, Any]]:
+    """``model.references`` as ``{row method: {"model", "pooling", "similarity"}}``: each row is
+    named ``ref-<name>``, its ``name``, else the last part of its id or path with characters other
+    than letters, digits, '-' and '_' made '-' (``BAAI/bge-small-en-v1.5`` -> ``ref-bge-small-en-v1-5``).
+    Two references of one name are an error naming both (checked by :func:`validate_config`)."""
+    out, problems = _references(config)
+    if problems:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+    return out
+
+
+def _check_prompts(config: dict) -> list[str]:
+    """A model.init that ships sentence-transformers prompts cannot be fine-tuned (the stages do
+    not add them): said when the DAG is built, not when retriever 1 starts. Read offline, from a
+    packaged model or a local folder only."""
+    if all(spec["evaluate_only"] for spec in config["collections"].values()):
+        return []  # nothing is trained: its off-the-shelf row uses the prompts
+    from dprflow.finetuning.st_format import read_st_prompts
+    from dprflow.model_init import PACKAGED_MODELS, resolve_model
+
+    init = config["model"]["init"]
+    if init not in PACKAGED_MODELS and not Path(init).expanduser().is_dir():
+        return []
+    try:
+        prompts = read_st_prompts(resolve_model(init))
+    except ValueError as exc:
+        return [f"model.init: {exc}"]
+    if any(prompts.values()):
+        return [
+            f"model.init = {init!r} puts prompts before its inputs ({prompts}); fine-tuning does not add "
+            "them: start from a model without prompts, or score this one off the shelf (model.references, "
+            "or collections marked evaluate_only)"
+        ]
+    return []
+
+
 # Settings that name a model: a packaged model, a local folder or a hub id.
 MODEL_KEYS = ("model.init", "finetune.reranker.init", "pretrain.doc2query.model")
 
@@ -263,8 +360,12 @@ def _check_models(config: dict) -> list[str]:
 
     offline = [v for v in OFFLINE_VARIABLES if os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")]
     problems = []
-    for key in MODEL_KEYS:
-        value = _get(config, key)
+    settings = [(key, _get(config, key)) for key in MODEL_KEYS]
+    settings += [
+        (f"model.references[{i}]", r if isinstance(r, str) else r["model"])
+        for i, r in enumerate(config["model"]["references"])
+    ]
+    for key, value in settings:
         if not value:
             continue
         if value in PACKAGED_MODELS or Path(value).expanduser().exists():
@@ -297,7 +398,10 @@ def _check_passage_length(config: dict) -> list[str]:
 
 def _check_values(config: dict, check_paths: bool = True) -> list[str]:
     return (
-        (_check_paths(config) + _check_models(config) if check_paths else [])
+        _check_transfer(config)
+        + _references(config)[1]
+        + _check_prompts(config)
+        + (_check_paths(config) + _check_models(config) if check_paths else [])
         + _check_passage_length(config)
         + _check_splits(config)
         + _check_metrics(config)

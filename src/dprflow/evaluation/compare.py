@@ -17,6 +17,14 @@ value is its mean over the seeds both rows share (a row without seeds, such as B
 value for every seed), so a query's difference is the mean of its per-seed differences. The
 p-values of one (collection, metric, reference) family are corrected for multiple comparisons with
 Holm-Bonferroni, as PyTerrier's ``Experiment`` does with ``correction='holm'``.
+
+Transfer: a row can be scored on another collection than the one it was trained on (BEIR's
+zero-shot tables: models trained on MS MARCO, scored on each BEIR set). Each row of the long table
+then names its ``training_collection`` (empty for rows that train nothing: BM25 and the
+off-the-shelf models), and the Markdown table has one column group per (scored collection,
+training collection) and, per training collection scored on several collections, a group of the
+means over them. Significance families stay per scored collection: every row scored on it, native
+or transferred, against the same reference rows on the same queries.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ import numpy as np
 import pandas as pd
 
 STAGE_ORDER = ["zeroshot", "r1", "r2", "rerank", "distill"]
+# The long table's leading columns (then training_collection and the significance columns).
+ROW_COLUMNS = ["collection", "system", "metric", "value", "std", "n_seeds", "seeds", "n_queries"]
 ALPHA = 0.05
 
 
@@ -142,8 +152,19 @@ def paired_values(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.Series, pd.Serie
     return a.mean(axis=1, skipna=False), b.mean(axis=1, skipna=False)
 
 
+def reference_row(out: pd.DataFrame, idx, ref: str, collection: str):
+    """The index of reference row ``ref`` among the rows ``idx`` of one scored collection: the one
+    trained on nothing or on that collection, else the only one; None when absent or ambiguous
+    (a trained baseline transferred from several collections)."""
+    rows = [i for i in idx if out.at[i, "system"] == ref]
+    native = [i for i in rows if out.at[i, "training_collection"] in ("", collection)]
+    if native:
+        return native[0]
+    return rows[0] if len(rows) == 1 else None
+
+
 def build_comparison(
-    per_query: dict[tuple[str, str], pd.DataFrame],
+    per_query: dict[tuple[str, ...], pd.DataFrame],
     references: list[str],
     test: str = "t-test",
     permutations: int = 10000,
@@ -154,25 +175,28 @@ def build_comparison(
     ``test``: the paired test (:func:`paired_test`: ``t-test`` or ``randomization``, with
     ``permutations`` and ``seed``); its p-values are Holm-corrected per family either way.
 
-    ``per_query`` maps (collection, system) to a (query_id, metric, value) table; systems named
-    ``<method>/seed-<seed>/<stage>`` are gathered into one row ``<method>/<stage>`` (module
-    docstring). For each reference R, the columns ``p_<R>`` (Holm-adjusted p-value) and
-    ``delta_<R>`` (value minus R's) are added; they are NaN for R itself or when R is absent from
-    the collection.
+    ``per_query`` maps (collection, system), or (collection, system, training collection) for
+    a row scored on one collection and trained on another (module docstring), to a
+    (query_id, metric, value) table; systems named ``<method>/seed-<seed>/<stage>`` are gathered
+    into one row ``<method>/<stage>`` (module docstring). For each reference R, the columns
+    ``p_<R>`` (Holm-adjusted p-value) and ``delta_<R>`` (value minus R's) are added; they are NaN
+    for R itself or when R is absent from the collection.
     """
-    grouped: dict[tuple[str, str], dict[int | None, pd.DataFrame]] = {}
-    for (collection, system), table in per_query.items():
-        name, seed = split_seed(system)
-        seeds = grouped.setdefault((collection, name), {})
-        if seed in seeds or (seeds and (seed is None) != (None in seeds)):
+    grouped: dict[tuple[str, str, str], dict[int | None, pd.DataFrame]] = {}
+    for key, table in per_query.items():
+        collection, system, trained = (*key, "")[:3]
+        # row_seed, not seed: ``seed`` is the randomization test's
+        name, row_seed = split_seed(system)
+        seeds = grouped.setdefault((collection, name, trained), {})
+        if row_seed in seeds or (seeds and (row_seed is None) != (None in seeds)):
             raise ValueError(f"{collection} {system}: the same row twice, or with and without a seed")
-        seeds[seed] = table
+        seeds[row_seed] = table
     rows = []
-    matrices: dict[tuple[str, str, str], pd.DataFrame] = {}
-    for (collection, system), by_seed in grouped.items():
+    matrices: dict[tuple[str, str, str, str], pd.DataFrame] = {}
+    for (collection, system, trained), by_seed in grouped.items():
         metrics = dict.fromkeys(m for t in by_seed.values() for m in t["metric"])
         for metric in metrics:
-            values = matrices[(collection, system, metric)] = seed_matrix(by_seed, metric)
+            values = matrices[(collection, system, trained, metric)] = seed_matrix(by_seed, metric)
             means = values.mean(axis=0)
             std = float(means.std(ddof=1)) if len(means) > 1 else float("nan")
             seeds = " ".join(str(s) for s in sorted(by_seed) if s is not None)
@@ -186,27 +210,30 @@ def build_comparison(
                     len(means),
                     seeds,
                     int(values.index.nunique()),
+                    trained,
                 )
             )
     out = pd.DataFrame(
-        rows, columns=["collection", "system", "metric", "value", "std", "n_seeds", "seeds", "n_queries"]
+        rows,
+        columns=[*ROW_COLUMNS, "training_collection"],
     )
     for ref in references:
         key = ref.replace("/", "_")
         out[f"delta_{key}"] = np.nan
         out[f"p_{key}"] = np.nan
         for (collection, metric), idx in out.groupby(["collection", "metric"]).groups.items():
-            ref_rows = [i for i in idx if out.at[i, "system"] == ref]
-            if not ref_rows:
+            ref_row = reference_row(out, idx, ref, collection)
+            if ref_row is None:
                 continue
-            ref_value = float(out.at[ref_rows[0], "value"])
-            ref_matrix = matrices[(collection, ref, metric)]
+            ref_value = float(out.at[ref_row, "value"])
+            ref_matrix = matrices[(collection, ref, out.at[ref_row, "training_collection"], metric)]
             raw, where = [], []
             for i in idx:
                 system = out.at[i, "system"]
-                if system == ref:
+                if i == ref_row:
                     continue
-                a, b = paired_values(matrices[(collection, system, metric)], ref_matrix)
+                matrix = matrices[(collection, system, out.at[i, "training_collection"], metric)]
+                a, b = paired_values(matrix, ref_matrix)
                 raw.append(paired_test(a, b, test, permutations, seed))
                 where.append(i)
                 out.at[i, f"delta_{key}"] = out.at[i, "value"] - ref_value
@@ -254,6 +281,29 @@ def scored_queries_note(
     return "Queries scored: " + ", ".join(parts) + "."
 
 
+def column_groups(table: pd.DataFrame, order: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """(scored collection, training collection) of each column group: one per collection and each
+    collection whose rows were scored on it, collections in ``order`` (the config's) first, then
+    in the table's order; a collection scored by untrained rows only has the training collection ''."""
+    trained = table.get("training_collection", pd.Series("", index=table.index)).fillna("")
+    present = list(dict.fromkeys(table["collection"]))
+    groups = []
+    for c in [c for c in order if c in present] + [c for c in present if c not in order]:
+        sources = list(dict.fromkeys(t for t in trained[table["collection"] == c] if t))
+        groups += [(c, t) for t in sources] or [(c, "")]
+    return groups
+
+
+def cell_row(indexed: pd.DataFrame, group: tuple[str, str], system: str, metric: str):
+    """The long table's row of ``system`` in a column group: trained on the group's training
+    collection, else one that trained on nothing (BM25, the off-the-shelf models); None if absent."""
+    collection, trained = group
+    for key in ((collection, trained, system, metric), (collection, "", system, metric)):
+        if key in indexed.index:
+            return indexed.loc[key]
+    return None
+
+
 def to_markdown(
     table: pd.DataFrame,
     references: list[str],
@@ -273,30 +323,50 @@ def to_markdown(
         ref: ("b" if ref == references[0] else "z" if ref.endswith("zeroshot") else f"r{i}")
         for i, ref in enumerate(references)
     }
-    collections = list(dict.fromkeys(table["collection"]))
     metric_order = [m for m in metrics if m in set(table["metric"])]
     systems = sorted(set(table["system"]), key=lambda s: system_sort_key(s, methods))
     geometry = {"pooling", "similarity"} <= set(table.columns)
+    if "training_collection" not in table:
+        table = table.assign(training_collection="")
+    table = table.assign(training_collection=table["training_collection"].fillna(""))
+    groups = column_groups(table, list(splits or ()))
+    transfer = any(t and t != c for c, t in groups)
+    # BEIR's mean column: per training collection scored on several collections
+    means = [t for t in dict.fromkeys(t for _, t in groups) if t and sum(g[1] == t for g in groups) > 1]
+    labels = [f"{c} (trained on {t})" if transfer and t else c for c, t in groups]
+    labels += [f"mean of {sum(g[1] == t for g in groups)} collections (trained on {t})" for t in means]
     header = (
         ["system"]
         + (["encoder"] if geometry else [])
-        + [f"{c} {m}" for c in collections for m in metric_order]
+        + [f"{label} {m}" for label in labels for m in metric_order]
     )
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    indexed = table.set_index(["collection", "system", "metric"])
+    indexed = table.set_index(["collection", "training_collection", "system", "metric"])
     for system in systems:
         cells = [system] + ([encoder_label(table, system)] if geometry else [])
-        for c in collections:
+        for group in groups:
             for m in metric_order:
-                if (c, system, m) in indexed.index:
-                    row = indexed.loc[(c, system, m)]
+                row = cell_row(indexed, group, system, m)
+                if row is not None:
                     std = row.get("std", float("nan"))
                     spread = f" ± {std:.4f}" if std == std else ""
                     cells.append(f"{row['value']:.4f}{spread}{_marker(row, references, letters)}")
                 else:
                     cells.append("–")
+        for t in means:
+            for m in metric_order:
+                found = [cell_row(indexed, g, system, m) for g in groups if g[1] == t]
+                cells.append(
+                    "–" if any(r is None for r in found) else f"{np.mean([r['value'] for r in found]):.4f}"
+                )
         lines.append("| " + " | ".join(cells) + " |")
     notes = ["", scored_queries_note(table, splits, trained_on)]
+    if transfer:
+        notes.append(
+            "Transfer: a column group \"X (trained on Y)\" scores on X's queries the rows trained on Y "
+            "(BM25 and the off-the-shelf rows train nothing and are X's own); a mean group averages a "
+            "row's values over the collections its training collection was scored on, without markers."
+        )
     if "n_seeds" in table and (table["n_seeds"] > 1).any():
         seeds = sorted({s for v in table["seeds"].dropna() for s in str(v).split()}, key=int)
         notes.append(
@@ -338,6 +408,9 @@ def beside_papers(table: pd.DataFrame, papers: pd.DataFrame, references: dict[st
     matching row of ours keep ``ours`` empty, so the table also shows what is not reproduced yet.
     """
     rows = []
+    if "training_collection" in table:  # rows transferred from another collection are not the papers'
+        trained = table["training_collection"].fillna("")
+        table = table[trained.eq("") | trained.eq(table["collection"])]
     ours = table.set_index(["collection", "system", "metric"])["value"]
     for collection, reference in references.items():
         for r in papers[papers["reference"] == reference].itertuples(index=False):

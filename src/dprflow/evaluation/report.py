@@ -62,22 +62,35 @@ def _table(block: list[str]) -> str:
     return "\n".join(parts)
 
 
-def row_artifacts(results: Path, collection: str, system: str) -> list[Path]:
+def row_artifacts(results: Path, collection: str, system: str, trained_on: str = "") -> list[Path]:
     """The artifacts behind one row of the table that carry a provenance record: a fine-tuned row
-    ``<method>/<stage>`` gathers the folders of every seed (``<method>/seed-<seed>/<stage>``)."""
+    ``<method>/<stage>`` gathers the folders of every seed (``<method>/seed-<seed>/<stage>``). A
+    row trained on another collection than the one it is scored on (``trained_on``, transfer)
+    lives in ``<trained_on>/<system>/on-<collection>``, beside its model."""
     method, _, stage = system.partition("/")
-    folders = [results / collection / system]
+    home = trained_on or collection
+    folders = [results / home / system]
     if stage and stage != "zeroshot":
-        folders = sorted((results / collection / method).glob(f"seed-*/{stage}"))
+        folders = sorted((results / home / method).glob(f"seed-*/{stage}"))
+    transfer = home != collection
+    if transfer:
+        folders = [folder / f"on-{collection}" for folder in folders]
     paths = sorted(
         p
         for folder in folders
         for p in folder.rglob("*")
-        if p.name.endswith(provenance.SUFFIX) or p.name == provenance.FOLDER_FILE
+        if (p.name.endswith(provenance.SUFFIX) or p.name == provenance.FOLDER_FILE)
+        and (transfer or not any(part.startswith("on-") for part in p.relative_to(folder).parts))
     )
+    if transfer:  # the models it was scored with
+        paths += sorted(
+            provenance.record_path(folder.parent / "model")
+            for folder in folders
+            if provenance.record_path(folder.parent / "model").is_file()
+        )
     if system != "bm25" and method != "none":
         for pre in (
-            results / collection / method / "pretrain" / "model",
+            results / home / method / "pretrain" / "model",
             results / "pretrain" / method / "generic" / "model",
         ):
             if provenance.record_path(pre).is_file():
@@ -94,10 +107,13 @@ def _artifact_of(record_file: Path) -> Path:
 def provenance_html(results: Path, table: pd.DataFrame) -> str:
     """One section per row of the comparison: stage, artifact, commit, dirty tree, wall time, inputs."""
     parts = ["<h2>Provenance of each row</h2>"]
-    rows = table[["collection", "system"]].drop_duplicates()
-    for collection, system in rows.itertuples(index=False):
-        parts.append(f"<h3>{html.escape(collection)} {html.escape(system)}</h3>")
-        records = row_artifacts(results, collection, system)
+    if "training_collection" not in table:
+        table = table.assign(training_collection="")
+    rows = table[["collection", "system", "training_collection"]].fillna("").drop_duplicates()
+    for collection, system, trained_on in rows.itertuples(index=False):
+        source = f" (trained on {trained_on})" if trained_on and trained_on != collection else ""
+        parts.append(f"<h3>{html.escape(collection)} {html.escape(system)}{html.escape(source)}</h3>")
+        records = row_artifacts(results, collection, system, trained_on)
         if not records:
             parts.append("<p>No provenance records.</p>")
             continue

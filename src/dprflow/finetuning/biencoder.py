@@ -420,6 +420,47 @@ class BiEncoder(nn.Module):
         ]
 
 
+def model_prompts(path: str | Path) -> dict[str, str]:
+    """The query and passage prompts of a model (:func:`dprflow.finetuning.st_format.read_st_prompts`):
+    of a local folder, a packaged model, or a hub model's ``config_sentence_transformers.json``
+    (read from the local cache, else downloaded beside the weights: never dropped)."""
+    local = Path(path).expanduser()
+    if not local.is_dir():
+        resolved = Path(resolve_model(str(path)))
+        if resolved.is_dir():
+            local = resolved
+        else:
+            folder = _hub_st_folder(str(path))
+            return st_format.read_st_prompts(folder) if folder else {"query": "", "passage": ""}
+    return st_format.read_st_prompts(local)
+
+
+def _hub_st_folder(repo_id: str) -> Path | None:
+    """The snapshot folder holding a hub model's sentence-transformers files; None when it has none."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.utils import EntryNotFoundError
+
+    folder = None
+    for name in (st_format.ST_CONFIG_FILE, st_format.MODULES_FILE):
+        try:
+            folder = Path(hf_hub_download(repo_id, name)).parent
+        except EntryNotFoundError:
+            continue
+        except Exception as exc:  # noqa: BLE001 (offline, no such repo: say which file and model)
+            raise ValueError(
+                f"{repo_id}: cannot read its {name} to apply its prompts ({exc}); use a local folder"
+            ) from exc
+    if folder is not None and (folder / st_format.MODULES_FILE).is_file():
+        modules = st_format._read_json(folder / st_format.MODULES_FILE)
+        for entry in modules if isinstance(modules, list) else []:
+            if str(entry.get("type", "")).endswith("Pooling"):
+                try:
+                    hf_hub_download(repo_id, f"{entry.get('path', st_format.POOLING_DIR)}/config.json")
+                except EntryNotFoundError:
+                    pass
+    return folder
+
+
 def load_tokenizer(path: str | Path):
     """The tokenizer of a saved bi-encoder or cross-encoder folder, a packaged model name or a hub id."""
     local = Path(path).expanduser()

@@ -9,6 +9,8 @@ sentence-transformers takes ``cosine`` when it is missing). all-MiniLM-L6-v2, fo
 
 - :func:`read_st_settings` reads the pooling and similarity a model ships with, so the off-the-shelf
   rows use a model as its authors do and fine-tuning starts from the geometry it was trained in.
+- :func:`read_st_prompts` reads the prompts (text put before a query or a passage) a model ships
+  with, so that an off-the-shelf row feeds it what ``encode_query`` and ``encode_document`` do.
 - :func:`write_st_files` makes a trained bi-encoder folder a sentence-transformers model as well
   (``SentenceTransformer(path)`` gives the stage's own embeddings); :func:`write_cross_encoder_files`
   does the same for the reranker (``CrossEncoder(path)`` gives the stage's own scores).
@@ -130,6 +132,60 @@ def read_st_settings(path: str | Path) -> dict[str, str] | None:
             f"{st_config}: similarity_fn_name {name!r} is not one of dprflow's ({', '.join(SIMILARITIES)})"
         )
     return {"pooling": pooling, "similarity": name}
+
+
+QUERY_PROMPT = "query"
+# sentence-transformers' encode_document takes the first of these its prompts have
+PASSAGE_PROMPTS = ("document", "passage", "corpus")
+
+
+def read_st_prompts(path: str | Path) -> dict[str, str]:
+    """The prompts a sentence-transformers folder puts before its inputs: ``{"query": ...,
+    "passage": ...}``, ``""`` where it has none.
+
+    As ``SentenceTransformer.encode_query`` and ``encode_document`` look for them:
+    ``prompts["query"]`` for a query and the first of ``prompts["document"]``, ``["passage"]``,
+    ``["corpus"]`` for a passage, among the prompts the folder names; a side without one gets
+    ``default_prompt_name``'s prompt. (sentence-transformers 6 adds an empty ``"document"`` prompt
+    to every model it loads, so its ``encode_document`` skips a ``"passage"`` prompt; the model's
+    card then says ``prompt_name="passage"``, which is what is used here.) The
+    prompt is put before the text as it is (``prompt + text``). A folder whose ``Pooling`` leaves
+    the prompt's tokens out (``include_prompt: false``, e.g. INSTRUCTOR) is refused, naming the
+    file: dprflow pools every token and would give other embeddings than the model's own.
+    """
+    root = Path(path)
+    file = root / ST_CONFIG_FILE
+    cfg = _read_json(file) if file.is_file() else {}
+    prompts = cfg.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise ValueError(f"{file}: 'prompts' must map prompt names to strings, got {prompts!r}")
+    default = cfg.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise ValueError(
+            f"{file}: default_prompt_name {default!r} is not one of its prompts ({', '.join(prompts) or 'none'})"
+        )
+    fallback = prompts[default] if default else ""
+    chosen = {
+        "query": prompts.get(QUERY_PROMPT, fallback),
+        "passage": next((prompts[n] for n in PASSAGE_PROMPTS if n in prompts), fallback),
+    }
+    if any(chosen.values()) and (root / MODULES_FILE).is_file():
+        modules = _read_json(root / MODULES_FILE)
+        for entry in modules if isinstance(modules, list) else []:
+            if str(entry.get("type", "")).endswith("Pooling"):
+                pooling_file = root / entry.get("path", POOLING_DIR) / "config.json"
+                if pooling_file.is_file() and _read_json(pooling_file).get("include_prompt") is False:
+                    raise ValueError(
+                        f"{pooling_file}: include_prompt is false (the prompts {chosen} are left out of "
+                        "the pooling); dprflow pools every token, so it cannot reproduce this model's "
+                        "embeddings: use another model"
+                    )
+    return chosen
+
+
+def with_prompt(texts: list[str], prompt: str) -> list[str]:
+    """``prompt + text`` for each text, as sentence-transformers feeds a prompted model."""
+    return [prompt + t for t in texts] if prompt else list(texts)
 
 
 def _dump(file: Path, record: Any) -> None:

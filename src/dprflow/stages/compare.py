@@ -1,4 +1,9 @@
-"""Stage ``compare``: results/compare.md for people and results/compare.csv for programs."""
+"""Stage ``compare``: results/compare.md for people and results/compare.csv for programs.
+
+A row's files live in ``<results>/<collection>/<system>/``; a row scored on another collection
+than the one it trained on (transfer) in ``<results>/<training collection>/<system>/on-<scored
+collection>/``. Every row but those of ``--untrained-rows`` (BM25, the off-the-shelf models) is
+recorded with the collection it was trained on (compare.csv's ``training_collection``)."""
 
 from __future__ import annotations
 
@@ -59,6 +64,10 @@ class Args:
         default_factory=list,
         metadata={"help": "collections whose scored split is their training split (score_training_queries)"},
     )
+    untrained_rows: list[str] = field(
+        default_factory=lambda: ["bm25", "none/zeroshot"],
+        metadata={"help": "rows that train nothing on a collection (BM25, the off-the-shelf models)"},
+    )
     paper_references: list[str] = field(
         default_factory=list,
         metadata={
@@ -77,19 +86,34 @@ def system_of(path: Path, results_dir: Path, name: str = "metrics.parquet") -> t
     return parts[0], "/".join(parts[1:-1])
 
 
-def read_geometry(paths: list[str], results_dir: Path) -> pd.DataFrame:
-    """``collection, system, pooling, similarity`` of each dense run's ``encoder.json``, systems
-    named as in the table (the seeds of a row gathered; seeds trained alike give one row)."""
+TRANSFER_PREFIX = "on-"
+
+
+def row_of(path: Path, results_dir: Path, untrained: list[str], name: str = "metrics.parquet") -> tuple[str, str, str]:
+    """(scored collection, system, training collection) of a row's file; the training collection
+    is empty for an untrained row."""
+    collection, system = system_of(path, results_dir, name)
+    head, _, last = system.rpartition("/")
+    if head and last.startswith(TRANSFER_PREFIX):
+        return last[len(TRANSFER_PREFIX) :], head, collection
+    return collection, system, "" if split_seed(system)[0] in untrained else collection
+
+
+def read_geometry(paths: list[str], results_dir: Path, untrained: list[str]) -> pd.DataFrame:
+    """``collection, system, training_collection, pooling, similarity`` of each dense run's
+    ``encoder.json``, systems named as in the table (the seeds of a row gathered; seeds trained
+    alike give one row)."""
     rows = []
     for path in paths:
-        collection, system = system_of(Path(path), results_dir, "encoder.json")
+        collection, system, trained = row_of(Path(path), results_dir, untrained, "encoder.json")
         try:
             record = json.loads(Path(path).read_text())
-            rows.append((collection, split_seed(system)[0], record["pooling"], record["similarity"]))
+            rows.append((collection, split_seed(system)[0], trained, record["pooling"], record["similarity"]))
         except (json.JSONDecodeError, KeyError) as exc:
             raise StageError(f"{path}: expected JSON with pooling and similarity ({exc})") from exc
-    frame = pd.DataFrame(rows, columns=["collection", "system", "pooling", "similarity"]).drop_duplicates()
-    twice = frame[frame.duplicated(["collection", "system"], keep=False)]
+    keys = ["collection", "system", "training_collection"]
+    frame = pd.DataFrame(rows, columns=[*keys, "pooling", "similarity"]).drop_duplicates()
+    twice = frame[frame.duplicated(keys, keep=False)]
     if not twice.empty:
         raise StageError(
             f"the seeds of {twice.iloc[0]['collection']} {twice.iloc[0]['system']} used different geometries"
@@ -109,7 +133,9 @@ def parse_pairs(pairs: list[str], flag: str) -> dict[str, str]:
 
 def compare(args: Args) -> None:
     results = Path(args.results_dir)
-    per_query = {system_of(Path(p), results): read_table(p, "metrics") for p in args.metrics_files}
+    per_query = {
+        row_of(Path(p), results, args.untrained_rows): read_table(p, "metrics") for p in args.metrics_files
+    }
     references = [args.baseline] + [s for s in ("none/zeroshot",) if s != args.baseline]
     if args.permutations < 1:
         raise StageError(f"--permutations must be >= 1, got {args.permutations}")
@@ -120,10 +146,15 @@ def compare(args: Args) -> None:
     splits = parse_pairs(args.splits, "--splits")
     if splits:
         table.insert(2, "split", table["collection"].map(splits))
-        table.insert(3, "training_queries", table["collection"].isin(args.trained_on))
+        # the scored queries are training queries only for the rows trained on that collection
+        trained = table["training_collection"]
+        own = trained.eq("") | trained.eq(table["collection"])
+        table.insert(3, "training_queries", table["collection"].isin(args.trained_on) & own)
     if args.encoder_files:
         table = table.merge(
-            read_geometry(args.encoder_files, results), on=["collection", "system"], how="left"
+            read_geometry(args.encoder_files, results, args.untrained_rows),
+            on=["collection", "system", "training_collection"],
+            how="left",
         )
     with atomic_path(args.out_csv) as tmp:
         table.to_csv(tmp, index=False, float_format="%.6g")

@@ -19,9 +19,9 @@ import torch
 
 from dprflow.cli import StageError, run_stage
 from dprflow.data.schemas import read_table
-from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer
+from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer, model_prompts
 from dprflow.finetuning.examples import passage_texts
-from dprflow.finetuning.st_format import POOLINGS, SIMILARITIES
+from dprflow.finetuning.st_format import POOLINGS, SIMILARITIES, with_prompt
 from dprflow.precision import PRECISIONS, resolve_precision
 from dprflow.search.dense import encode_texts, write_embeddings
 
@@ -108,8 +108,10 @@ def encode(args: Args) -> None:
     # the same batch (same neighbours, same padding) as with any other shard count.
     batches = passages.iloc[order[aligned]]
     texts = passage_texts(batches, tokenizer.sep_token or "|")
+    # a model that ships a passage prompt is fed it, as sentence-transformers' encode_document
+    prompt = model_prompts(args.model)["passage"]
     emb = encode_texts(
-        [texts[p] for p in batches["passage_id"]],
+        with_prompt([texts[p] for p in batches["passage_id"]], prompt),
         tokenizer,
         model.encode_passage,
         args.max_length,
@@ -121,7 +123,7 @@ def encode(args: Args) -> None:
     emb = emb[rows.start - aligned.start : rows.stop - aligned.start]
     write_embeddings(args.out, part["passage_id"].tolist(), emb, precision=precision)
     log.info(
-        "shard %d/%d: %d passages, dimension %d, %s pooling, %s similarity (%s), precision %s",
+        "shard %d/%d: %d passages, dimension %d, %s pooling, %s similarity (%s), precision %s, prompt %r",
         args.shard,
         args.num_shards,
         len(part),
@@ -130,6 +132,7 @@ def encode(args: Args) -> None:
         model.similarity,
         model.source,
         precision,
+        prompt,
     )
 
 

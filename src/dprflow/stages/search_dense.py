@@ -15,8 +15,8 @@ import torch
 
 from dprflow.cli import StageError, run_stage
 from dprflow.data.schemas import atomic_path, read_table
-from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer
-from dprflow.finetuning.st_format import POOLINGS, SIMILARITIES
+from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer, model_prompts
+from dprflow.finetuning.st_format import POOLINGS, SIMILARITIES, with_prompt
 from dprflow.precision import PRECISIONS, resolve_precision
 from dprflow.search.dense import FlatIndex, embeddings_precision, encode_texts, search_to_run
 from dprflow.search.runs import write_run
@@ -34,7 +34,14 @@ class Args:
     queries: str = field(metadata={"help": "queries.parquet"})
     out: str = field(metadata={"help": "run.parquet of the evaluation split"})
     trec: str = field(metadata={"help": "TREC run file of the evaluation split"})
-    train_out: str = field(metadata={"help": "run.parquet of the training split (for mining)"})
+
+    train_out: str | None = field(
+        default=None,
+        metadata={
+            "help": "run.parquet of the training split (for mining); left out, only the evaluation split "
+            "is searched (a row scored on another collection)"
+        },
+    )
     eval_split: str = field(default="test", metadata={"help": "evaluation split"})
     train_split: str = field(default="train", metadata={"help": "training split"})
     depth: int = field(default=1000, metadata={"help": "hits per evaluation query"})
@@ -94,15 +101,18 @@ def search(args: Args) -> None:
         .eval()
     )
     queries = read_table(args.queries, "queries")
-    for split, depth, out, trec in (
-        (args.eval_split, args.depth, args.out, args.trec),
-        (args.train_split, args.train_depth, args.train_out, None),
-    ):
+    # a model that ships a query prompt is fed it, as sentence-transformers' encode_query
+    prompts = model_prompts(args.model)
+    log.info("prompts: query %r, passage %r", prompts["query"], prompts["passage"])
+    searches = [(args.eval_split, args.depth, args.out, args.trec)]
+    if args.train_out:
+        searches.append((args.train_split, args.train_depth, args.train_out, None))
+    for split, depth, out, trec in searches:
         chosen = queries[queries["split"] == split]
         if chosen.empty:
             raise StageError(f"{args.queries}: no query of split {split!r}")
         emb = encode_texts(
-            chosen["text"].tolist(),
+            with_prompt(chosen["text"].tolist(), prompts["query"]),
             tokenizer,
             model.encode_query,
             args.max_length,
@@ -119,6 +129,7 @@ def search(args: Args) -> None:
             "pooling": model.pooling,
             "similarity": model.similarity,
             "source": model.source,
+            "prompts": prompts,
         }
         with atomic_path(args.encoder_out) as tmp:
             tmp.write_text(json.dumps(record, indent=2) + "\n")

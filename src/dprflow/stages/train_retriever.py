@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dprflow.cli import run_stage
-from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer
+from dprflow.cli import StageError, run_stage
+from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer, model_prompts
 from dprflow.finetuning.examples import GroupTrainingArgs, read_training_examples, sample_group
 from dprflow.finetuning.losses import contrastive_loss, distillation_loss
 from dprflow.training import distributed
@@ -125,6 +125,14 @@ def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> St
 def train(args: Args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
+    prompts = model_prompts(args.init)
+    if any(prompts.values()):
+        raise StageError(
+            f"{args.init} puts prompts before its inputs ({prompts}; config_sentence_transformers.json); "
+            "fine-tuning does not add them, so the trained model would be fed other inputs than it was "
+            "made for: start from a model without prompts (its off-the-shelf row, model.references, "
+            "uses them)"
+        )
     tokenizer = load_tokenizer(args.init)
     model = BiEncoder.from_pretrained(
         args.init,
