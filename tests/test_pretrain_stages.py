@@ -19,7 +19,7 @@ from dprflow.model_init import load_tokenizer
 from dprflow.pretraining.condenser.data import pair_batch, sample_non_overlapping_spans, sample_spans
 from dprflow.pretraining.condenser.model import Condenser, authors_head_state
 from dprflow.pretraining.masking import select_positions, wordpiece_word_ids
-from dprflow.stages import pretrain_contriever, pretrain_corpus, pretrain_generic
+from dprflow.stages import pretrain_contriever, pretrain_corpus, pretrain_generic, pretrain_tokenize
 from dprflow.training.trainer import TrainArgs, steps_run, total_steps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -239,6 +239,25 @@ def test_contriever_pretrains_on_a_generic_corpus(tiny_init, tmp_path):
             str(tmp_path / "ckpt"), "--batch-size", "4", "--queue-size", "8", "--max-steps", "2",
             "--max-doc-tokens", "32", "--threads", "1"]  # fmt: skip
     assert pretrain_contriever.main(args) == 0
-    assert pd.read_csv(out / "train_log.csv")["step"].tolist() == [1, 2]
+    log = pd.read_csv(out / "train_log.csv")
+    assert log["step"].tolist() == [1, 2]
+    # The workflow's path: the generic corpus's texts store (rule pretrain_tokenize) gives the same
+    # steps as the stage tokenizing it itself, and neither leaves its scratch folder behind.
+    tokens = tmp_path / "texts"
+    tokenize = ["--tokenizer", str(tiny_init), "--view", "texts", "--corpus", "pydoc", "--out", str(tokens)]
+    assert pretrain_tokenize.main(tokenize) == 0
+    stored = tmp_path / "from-store"
+    from_store = [
+        *args,
+        "--tokens",
+        str(tokens),
+        "--out",
+        str(stored),
+        "--checkpoint-dir",
+        str(tmp_path / "c2"),
+    ]
+    assert pretrain_contriever.main(from_store) == 0
+    np.testing.assert_array_equal(pd.read_csv(stored / "train_log.csv")["loss"], log["loss"])
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tokens")]
     with pytest.raises(SystemExit):  # --passages or --corpus, not both
         pretrain_contriever.main([*args, "--passages", "x.parquet"])
