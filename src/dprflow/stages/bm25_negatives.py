@@ -7,9 +7,8 @@ import sys
 from dataclasses import dataclass, field
 
 from dprflow.cli import run_stage
-from dprflow.data.schemas import read_table, write_table
 from dprflow.search import bm25
-from dprflow.search.runs import negatives_from_run, positive_passages
+from dprflow.search.runs import read_positive_passages, write_negatives
 from dprflow.stages.bm25_search import split_queries
 
 log = logging.getLogger("dprflow.bm25_negatives")
@@ -32,15 +31,16 @@ class Args:
 
 
 def negatives(args: Args) -> None:
+    # Streamed by Java call (a batch of queries in query_id order): one batch of the run in memory.
     queries = split_queries(args.queries, args.split)
-    run = bm25.search(
+    pieces = bm25.iter_search(
         args.index, queries[["query_id", "text"]], k=args.depth, k1=args.k1, b=args.b, threads=args.threads
     )
-    positives = positive_passages(read_table(args.qrels, "qrels"), read_table(args.passages, "passages"))
-    pool = negatives_from_run(run, positives, args.depth)
-    write_table(pool, args.out, "negatives")
-    empty = len(set(queries["query_id"]) - set(pool["query_id"]))
-    log.info("%d training queries, %d with an empty negative pool", len(queries), empty)
+    positives = read_positive_passages(args.qrels, args.passages)
+    counts = write_negatives(pieces, positives, args.depth, args.out)
+    log.info(
+        "%d training queries, %d with an empty negative pool", len(queries), len(queries) - counts["queries"]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from dprflow.cli import StageError, run_stage
 from dprflow.data.schemas import read_table
 from dprflow.search import bm25
-from dprflow.search.runs import write_run
+from dprflow.search.runs import write_run_pieces
 
 log = logging.getLogger("dprflow.bm25_search")
 
@@ -38,17 +38,14 @@ def split_queries(path: str, split: str):
 
 
 def search(args: Args) -> None:
+    # Streamed by Java call (a batch of queries in query_id order): one batch of the run in memory.
     queries = split_queries(args.queries, args.split)
-    run = bm25.search(
+    pieces = bm25.iter_search(
         args.index, queries[["query_id", "text"]], k=args.k, k1=args.k1, b=args.b, threads=args.threads
     )
-    write_run(run, args.out, args.trec, tag="bm25")
+    counts = write_run_pieces(pieces, args.out, args.trec, tag="bm25")
     log.info(
-        "%d queries of split %s, %d answered, %d hits",
-        len(queries),
-        args.split,
-        run["query_id"].nunique(),
-        len(run),
+        "%d queries of split %s, %d answered, %d hits", len(queries), args.split, counts["queries"], counts["rows"]
     )
 
 

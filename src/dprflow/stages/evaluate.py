@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from dprflow.cli import StageError, run_stage
 from dprflow.data.schemas import read_table, write_table
+from dprflow.search.runs import run_passages
 from dprflow.evaluation.metrics import evaluate_run, passage_run_to_doc_run
 
 log = logging.getLogger("dprflow.evaluate")
@@ -37,7 +38,8 @@ def evaluate(args: Args) -> None:
             f"{args.queries}: no query of split {args.split!r}; splits: {sorted(set(queries['split']))}"
         )
     run = read_table(args.run, "run")
-    doc_run = passage_run_to_doc_run(run, read_table(args.passages, "passages"))
+    # Of the passages only the ids of those the run names: memory follows the run, not the corpus.
+    doc_run = passage_run_to_doc_run(run, run_passages(args.passages, run["passage_id"]))
     per_query = evaluate_run(doc_run, read_table(args.qrels, "qrels"), ids, args.metrics)
     if per_query.empty:
         raise StageError(f"{args.qrels}: no query of split {args.split!r} has a relevant judgment")
