@@ -14,7 +14,7 @@ Writes ``results/bench/scale.json``: one record per stage and size, and per stag
 between the two largest sizes, the projection to MS MARCO (8.8M passages, 502k training queries,
 3.2M documents) and what the Slurm profile (profiles/slurm/config.yaml over the rules' own
 resources, read from a dry run of config/presets/msmarco-cocondenser.yaml) gives that job.
-With ``--dag`` it also times ``snakemake -n`` on every preset (job counts beside).
+It also times ``snakemake -n`` on every preset (job counts beside), the DAG at paper scale.
 
     python bench/bench_scale.py --passages 10000,30000,100000 --documents 1000,3000
 """
@@ -253,19 +253,19 @@ def run_compare(workdir: Path) -> tuple[float, float]:
 
 def stage_label(tsv: Path, bench_root: Path) -> tuple[str, str]:
     """(stage label, rule) of one Snakemake benchmark file; shard numbers are dropped so the shards
-    of one stage make one label."""
+    of one stage make one label. Stages on the document corpus are labelled ``doc:<stage>``."""
     rel = tsv.relative_to(bench_root).with_suffix("").as_posix()
-    for prefix in (f"{COLLECTION}/", f"{DOC_CORPUS}/"):
-        if rel.startswith(prefix):
-            rel = ("doc:" if prefix.startswith(DOC_CORPUS) else "") + rel[len(prefix) :]
-    rel = rel.replace(f"seed-{SEED}/", "")
+    on_docs = rel.startswith(f"{DOC_CORPUS}/")
+    rel = rel.removeprefix(f"{COLLECTION}/").removeprefix(f"{DOC_CORPUS}/").replace(f"seed-{SEED}/", "")
     name = rel.rsplit("/", 1)[-1]
-    rule = re.sub(r"_(\d+|r1|r2|distill|generic_\w+|generic)$", "", name)
-    if name.startswith("pretrain_generic"):
-        rule = "pretrain_mae_generic" if name != "pretrain_generic_condenser" else "pretrain_generic"
-    if rule == "pretrain_corpus" and "/" in rel and rel.split("/")[0] in ("bmae", "cdmae", "cotmae"):
+    rule = re.sub(r"_(\d+|r1|r2|distill)$", "", name)
+    if rel.startswith("evaluate/"):
+        rule = "evaluate"
+    elif name.startswith("pretrain_generic"):
+        rule = "pretrain_generic" if name == "pretrain_generic_condenser" else "pretrain_mae_generic"
+    elif rule == "pretrain_corpus" and rel.split("/")[0] in ("bmae", "cdmae", "cotmae"):
         rule = "pretrain_mae_corpus"
-    label = re.sub(r"_\d+$", "", rel)
+    label = ("doc:" if on_docs else "") + re.sub(r"_\d+$", "", rel)
     return label, rule
 
 
@@ -327,7 +327,7 @@ def run_size(work: Path, passages: int, documents: int | None, model: Path, shar
 # ---- what the profile gives, and the projection ------------------------------------------------
 
 
-def preset_dry_run(preset: Path, work: Path) -> tuple[float, dict[str, int], dict[str, dict]]:
+def preset_dry_run(preset: Path, work: Path, *extra: str) -> tuple[float, dict[str, int], dict[str, dict]]:
     """``snakemake -n`` on a preset: (seconds, jobs per rule, per rule the largest mem_mb and runtime
     its jobs declare). The generic corpus file the preset names is created empty-ish for the run."""
     folder = work / f"dag-{preset.stem}"
@@ -339,7 +339,7 @@ def preset_dry_run(preset: Path, work: Path) -> tuple[float, dict[str, int], dic
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text('{"text": "a generic document"}\n')
     t0 = time.perf_counter()
-    result = snakemake(folder, preset, "-n", "--verbose")
+    result = snakemake(folder, preset, *extra, "-n", "--verbose")
     seconds = time.perf_counter() - t0
     if result.returncode != 0:
         raise RuntimeError(f"dry run of {preset} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
@@ -386,8 +386,28 @@ def exponent(n1: float, y1: float, n2: float, y2: float) -> float | None:
     return math.log(y2 / y1) / math.log(n2 / n1)
 
 
+def project(n1: float, y1: float, n2: float, y2: float, target: float, floor_exponent: float) -> float:
+    """``y`` at ``target`` from two sizes: a fixed cost plus a cost per item (the line through the
+    two points) where the growth is at most linear, else the power law through them; never less
+    than at the larger size."""
+    e = exponent(n1, y1, n2, y2)
+    if e is None:
+        return y2 * (target / n2) ** floor_exponent
+    if e <= 1.0:
+        slope = max((y2 - y1) / (n2 - n1), 0.0)
+        return y2 + slope * (target - n2)
+    return y2 * (target / n2) ** e
+
+
 def summarise(records: list[dict], profile: dict[str, dict], preset_shards: int, bench_shards: int) -> list[dict]:
-    """Per stage: exponents between the two largest sizes and the MS MARCO projection."""
+    """Per stage: exponents between the two largest sizes and the MS MARCO projection.
+
+    The projection is the line through the two largest sizes (a fixed cost plus a cost per
+    passage; start-up dominates the small sizes, so a power law would overstate the per-item
+    cost), or their power law where the growth is above linear. One size alone is projected as
+    linear in time and constant in memory. Corpus encoding runs one job per shard: its figures
+    are per shard (the bench's shards summed in ``seconds``) and projected to the preset's shard.
+    """
     out = []
     for stage in sorted({r["stage"] for r in records}):
         rows = sorted((r for r in records if r["stage"] == stage), key=lambda r: (r["documents"] or r["passages"]))
@@ -397,23 +417,21 @@ def summarise(records: list[dict], profile: dict[str, dict], preset_shards: int,
         target_n = MSMARCO["documents"] if on_docs else MSMARCO["passages"]
         summary = {"stage": stage, "rule": rule, "scales_with": "documents" if on_docs else "passages"}
         last = rows[-1]
-        if len(rows) >= 2:
-            prev = rows[-2]
-            te = exponent(size(prev), prev["seconds"], size(last), last["seconds"])
-            me = exponent(size(prev), prev["max_rss_mb"], size(last), last["max_rss_mb"])
-        else:
-            te = me = None
+        prev = rows[-2] if len(rows) >= 2 else None
+        te = exponent(size(prev), prev["seconds"], size(last), last["seconds"]) if prev else None
+        me = exponent(size(prev), prev["max_rss_mb"], size(last), last["max_rss_mb"]) if prev else None
         summary["time_exponent"] = None if te is None else round(te, 3)
         summary["memory_exponent"] = None if me is None else round(me, 3)
-        ratio = target_n / size(last)
-        # Projected as y * ratio^max(exponent, 1) for time (at least linear: every stage reads the
-        # whole corpus or query set) and y * ratio^max(exponent, 0) for memory.
-        seconds = last["seconds"] * ratio ** max(te or 1.0, 1.0)
-        rss = last["max_rss_mb"] * ratio ** max(me or 0.0, 0.0)
-        if rule == "encode_corpus":
-            # One job per shard: the preset's shards share the corpus, the bench's shards were summed.
-            seconds /= preset_shards
-            rss = last["max_rss_mb"] * (ratio * bench_shards / preset_shards) ** max(me or 0.0, 0.0)
+        per_job = bench_shards if rule == "encode_corpus" else 1
+        target_job = target_n / (preset_shards if rule == "encode_corpus" else 1)
+        if prev:
+            x1, x2 = size(prev) / per_job, size(last) / per_job
+            seconds = project(x1, prev["seconds"] / per_job, x2, last["seconds"] / per_job, target_job, 1.0)
+            rss = project(x1, prev["max_rss_mb"], x2, last["max_rss_mb"], target_job, 0.0)
+        else:
+            x2 = size(last) / per_job
+            seconds = last["seconds"] / per_job * target_job / x2
+            rss = last["max_rss_mb"]
         summary["msmarco_seconds"] = round(seconds, 1)
         summary["msmarco_max_rss_mb"] = round(rss, 1)
         given = profile.get(rule)
@@ -423,9 +441,7 @@ def summarise(records: list[dict], profile: dict[str, dict], preset_shards: int,
         summary["largest_max_rss_mb"] = last["max_rss_mb"]
         summary["meets_time_exponent"] = te is None or te <= TIME_EXPONENT_MAX
         summary["meets_rss"] = last["max_rss_mb"] <= RSS_MAX_MB or rule in RSS_EXEMPT
-        summary["fits_profile"] = bool(
-            given and rss <= given["mem_mb"] and seconds <= given["runtime"] * 60
-        )
+        summary["fits_profile"] = bool(given and rss <= given["mem_mb"] and seconds <= given["runtime"] * 60)
         out.append(summary)
     return out
 
@@ -447,7 +463,6 @@ def main() -> None:
     parser.add_argument("--documents", default="", help="document counts of the document variant, one per passage size (or empty)")
     parser.add_argument("--work", default=str(ROOT / "results" / "bench" / "scale-work"), help="folder for collections and runs")
     parser.add_argument("--shards", type=int, default=2, help="finetune.encode_shards of the runs")
-    parser.add_argument("--dag", action="store_true", help="also time snakemake -n on every preset")
     parser.add_argument("--merge", action="store_true", help="keep the records of sizes not run now from an earlier scale.json")
     args = parser.parse_args()
     passages = sizes(args.passages)
@@ -465,15 +480,23 @@ def main() -> None:
     for n, d in zip(passages, documents, strict=True):
         records += run_size(work, n, d, model, args.shards)
 
-    preset_seconds, preset_jobs, rule_resources = preset_dry_run(PRESET, work)
+    # What each rule declares: the largest over every preset's dry run (paper scale), then, for
+    # rules no preset runs (contriever), the bench config's own.
+    dag: dict[str, dict] = {}
+    rule_resources: dict[str, dict] = {}
+    for preset in sorted((ROOT / "config" / "presets").glob("*.yaml")):
+        s, jobs, declared = preset_dry_run(preset, work)
+        dag[preset.stem] = {"seconds": round(s, 2), "jobs": sum(jobs.values()), "per_rule": jobs}
+        for rule, res in declared.items():
+            mine = rule_resources.setdefault(rule, {"mem_mb": 0, "runtime": 0})
+            for key in mine:
+                mine[key] = max(mine[key], res[key])
+    last_run = work / f"run-{passages[-1]}-{documents[-1] or 0}"
+    _, _, own = preset_dry_run(last_run / "config.yaml", work, "--forceall", *targets())
+    for rule, res in own.items():
+        rule_resources.setdefault(rule, res)
     preset_shards = yaml.safe_load(PRESET.read_text())["finetune"]["encode_shards"]
     stages = summarise(records, profile_resources(rule_resources), preset_shards, args.shards)
-    dag = {PRESET.stem: {"seconds": round(preset_seconds, 2), "jobs": sum(preset_jobs.values()), "per_rule": preset_jobs}}
-    if args.dag:
-        for preset in sorted((ROOT / "config" / "presets").glob("*.yaml")):
-            if preset.stem not in dag:
-                s, jobs, _ = preset_dry_run(preset, work)
-                dag[preset.stem] = {"seconds": round(s, 2), "jobs": sum(jobs.values()), "per_rule": jobs}
     payload = {
         "msmarco": MSMARCO,
         "targets": {"time_exponent_max": TIME_EXPONENT_MAX, "max_rss_mb": RSS_MAX_MB, "rss_exempt": sorted(RSS_EXEMPT)},
