@@ -307,6 +307,8 @@ def run_size(work: Path, passages: int, documents: int | None, model: Path, shar
     stages["compare"] = {"rule": "compare", "seconds": seconds, "max_rss_mb": rss, "jobs": 1}
     records = []
     for label, rec in sorted(stages.items()):
+        if label.startswith("pretrain/"):
+            continue  # stage one on the generic corpus, the same at every size
         on_docs = label.startswith("doc:") or "cocondenser/pretrain_corpus" in label
         if on_docs and not documents:
             on_docs = False
@@ -459,8 +461,12 @@ def sizes(text: str) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--passages", default="10000,30000", help="comma-separated passage counts")
-    parser.add_argument("--documents", default="", help="document counts of the document variant, one per passage size (or empty)")
+    parser.add_argument("--passages", default="10000,40000", help="comma-separated passage counts")
+    parser.add_argument(
+        "--documents",
+        default="1000,4000",
+        help="document counts of the document variant, one per passage size (empty: no document variant)",
+    )
     parser.add_argument("--work", default=str(ROOT / "results" / "bench" / "scale-work"), help="folder for collections and runs")
     parser.add_argument("--shards", type=int, default=2, help="finetune.encode_shards of the runs")
     parser.add_argument("--merge", action="store_true", help="keep the records of sizes not run now from an earlier scale.json")
