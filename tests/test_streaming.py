@@ -263,3 +263,35 @@ def test_search_one_shard_at_a_time_equals_one_index(tmp_path, k):
         assert scores.shape == (len(q), min(k, 60))
     tie = best[1][1][0][:2].tolist()
     assert tie == [7, 41]
+
+
+def test_score_candidates_reads_only_the_pairs_passages(tmp_path, monkeypatch):
+    """The pairs (positives and the top candidates of each labelled query) are today's, and the
+    reranker sees each pair's passage text although the stage never reads the whole corpus."""
+    from dprflow.stages import score_candidates
+
+    passages, qrels = passages_table(), qrels_table()
+    negatives = negatives_from_run(a_run(n_queries=8), positive_passages(qrels, passages), depth=5)
+    queries = pd.DataFrame({"query_id": [f"q{i}" for i in range(8)], "text": [f"query {i}" for i in range(8)], "split": ["train"] * 8})
+    for table, name in ((passages, "passages"), (qrels, "qrels"), (queries, "queries"), (negatives, "negatives")):
+        write_table(table, tmp_path / f"{name}.parquet", name)
+    seen = {}
+
+    def fake_reranker(model, queries_, passages_, pairs, *rest):
+        texts = dict(zip(passages_["passage_id"], passages_["text"], strict=True))
+        seen["passages"] = set(passages_["passage_id"])
+        return [float(len(queries_[q]) + len(texts[p])) for q, p in zip(pairs["query_id"], pairs["passage_id"], strict=True)]
+
+    monkeypatch.setattr(score_candidates, "score_with_reranker", fake_reranker)
+    argv = [f"--{n}={tmp_path / n}.parquet" for n in ("queries", "passages", "qrels", "negatives")]
+    assert score_candidates.main([*argv, "--model", "unused", "--split", "train", "--out", str(tmp_path / "s.parquet"), "--candidates", "2"]) == 0
+    scores = read_table(tmp_path / "s.parquet", "scores")
+    top = negatives[negatives["rank"] <= 2][["query_id", "passage_id"]]
+    pos = positive_passages(qrels, passages)
+    expected = pd.concat([pos[pos["query_id"].isin(set(top["query_id"]))], top]).drop_duplicates(ignore_index=True)
+    assert scores[["query_id", "passage_id"]].values.tolist() == expected.values.tolist()
+    assert seen["passages"] == set(expected["passage_id"])
+    text = dict(zip(passages["passage_id"], passages["text"], strict=True))
+    assert scores["score"].tolist() == [
+        float(len(f"query {q[1:]}") + len(text[p])) for q, p in zip(scores["query_id"], scores["passage_id"], strict=True)
+    ]

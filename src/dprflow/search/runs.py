@@ -53,15 +53,18 @@ def positive_passages(qrels: pd.DataFrame, passages: pd.DataFrame) -> pd.DataFra
     return rel.merge(passages[["passage_id", "doc_id"]], on="doc_id")[["query_id", "passage_id"]]
 
 
-def run_passages(passages_path: str | Path, passage_ids: Iterable[str]) -> pd.DataFrame:
-    """(passage_id, doc_id) of the passages among ``passage_ids``, read piece by piece without
-    the text, so memory follows the run rather than the corpus."""
+def run_passages(
+    passages_path: str | Path, passage_ids: Iterable[str], columns: list[str] | None = None
+) -> pd.DataFrame:
+    """The passages among ``passage_ids``, read piece by piece, so memory follows the run rather
+    than the corpus; ``columns`` (default: passage_id and doc_id, no text) are those read."""
+    columns = columns or ["passage_id", "doc_id"]
     wanted = pd.Index(pd.unique(pd.Series(passage_ids, dtype=object)))
     parts = [
         piece[piece["passage_id"].isin(wanted)]
-        for piece in iter_table(passages_path, "passages", ["passage_id", "doc_id"], batch_rows=1 << 18)
+        for piece in iter_table(passages_path, "passages", columns, batch_rows=1 << 18)
     ]
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["passage_id", "doc_id"])
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
 
 
 def read_positive_passages(qrels_path: str | Path, passages_path: str | Path) -> pd.DataFrame:
