@@ -28,13 +28,30 @@ class Args:
     k1: float = field(default=0.9, metadata={"help": "BM25 k1"})
     b: float = field(default=0.4, metadata={"help": "BM25 b"})
     threads: int = field(default=1, metadata={"help": "search threads"})
+    hits_per_call: int = field(
+        default=500_000,
+        metadata={
+            "help": "hits per Java call (queries per call: this over the depth): one call's hits are "
+            "held at a time, so this bounds the memory of the JVM and of Python"
+        },
+    )
+
+    def check(self) -> None:
+        if self.hits_per_call < 1:
+            raise ValueError(f"--hits-per-call must be at least 1, got {self.hits_per_call}")
 
 
 def negatives(args: Args) -> None:
     # Streamed by Java call (a batch of queries in query_id order): one batch of the run in memory.
     queries = split_queries(args.queries, args.split)
     pieces = bm25.iter_search(
-        args.index, queries[["query_id", "text"]], k=args.depth, k1=args.k1, b=args.b, threads=args.threads
+        args.index,
+        queries[["query_id", "text"]],
+        k=args.depth,
+        k1=args.k1,
+        b=args.b,
+        threads=args.threads,
+        batch_size=max(1, args.hits_per_call // args.depth),
     )
     positives = read_positive_passages(args.qrels, args.passages)
     counts = write_negatives(pieces, positives, args.depth, args.out)
