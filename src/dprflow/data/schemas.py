@@ -261,7 +261,10 @@ def iter_table(
 
 
 def read_rows(
-    path: str | os.PathLike, name: str, rows: np.ndarray, columns: list[str] | None = None,
+    path: str | os.PathLike,
+    name: str,
+    rows: np.ndarray,
+    columns: list[str] | None = None,
     batch_rows: int = 1 << 16,
 ) -> pd.DataFrame:
     """The checked table's rows at positions ``rows``, in that order, read piece by piece: memory

@@ -450,7 +450,9 @@ def iter_search_run(
         yield _run_frame(query_ids[start : start + len(scores)], scores, pos, id_table)
 
 
-def _run_frame(query_ids: np.ndarray, scores: np.ndarray, pos: np.ndarray, id_table: np.ndarray) -> pd.DataFrame:
+def _run_frame(
+    query_ids: np.ndarray, scores: np.ndarray, pos: np.ndarray, id_table: np.ndarray
+) -> pd.DataFrame:
     """The ``run`` rows of ``b`` queries: ``scores`` and ``pos`` are ``[b, k]``, best first."""
     b, kk = scores.shape
     return pd.DataFrame(
@@ -511,7 +513,11 @@ def search_shards(
 
 
 def iter_run_frames(
-    query_ids: Sequence[str], scores: np.ndarray, pos: np.ndarray, id_table: np.ndarray, batch_size: int = SEARCH_BATCH
+    query_ids: Sequence[str],
+    scores: np.ndarray,
+    pos: np.ndarray,
+    id_table: np.ndarray,
+    batch_size: int = SEARCH_BATCH,
 ) -> Iterator[pd.DataFrame]:
     """The ``run`` table of a :func:`search_shards` result, ``batch_size`` queries at a time."""
     query_ids = np.asarray(query_ids, dtype=object)

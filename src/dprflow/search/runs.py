@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dprflow.data.schemas import TableWriter, atomic_path, iter_table, read_table, write_table
+from dprflow.data.schemas import TableWriter, atomic_path, iter_table, read_table
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,9 @@ def read_positive_passages(qrels_path: str | Path, passages_path: str | Path) ->
         piece[piece["doc_id"].isin(judged)]
         for piece in iter_table(passages_path, "passages", ["passage_id", "doc_id"], batch_rows=1 << 18)
     ]
-    passages = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["passage_id", "doc_id"])
+    passages = (
+        pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["passage_id", "doc_id"])
+    )
     return positive_passages(qrels, passages)
 
 

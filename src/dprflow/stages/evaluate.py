@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from dprflow.cli import StageError, run_stage
 from dprflow.data.schemas import read_table, write_table
-from dprflow.search.runs import run_passages
 from dprflow.evaluation.metrics import evaluate_run, passage_run_to_doc_run
+from dprflow.search.runs import run_passages
 
 log = logging.getLogger("dprflow.evaluate")
 

@@ -130,7 +130,10 @@ def search(args: Args) -> None:
         ids, best = search_shards(
             args.embeddings, [job[5] for job in jobs], [job[1] for job in jobs], batch_size=args.batch_size
         )
-        runs = [iter_run_frames(job[4], *found, ids, batch_size=args.batch_size) for job, found in zip(jobs, best, strict=True)]
+        runs = [
+            iter_run_frames(job[4], *found, ids, batch_size=args.batch_size)
+            for job, found in zip(jobs, best, strict=True)
+        ]
     else:
         runs = [iter_search_run(index, job[4], job[5], job[1], batch_size=args.batch_size) for job in jobs]
     for (split, depth, out, trec, query_ids, _), pieces in zip(jobs, runs, strict=True):
