@@ -4,19 +4,21 @@ Generates a synthetic BEIR collection shaped like MS MARCO (passages of about 55
 4-10 words with one relevant passage each; a document variant of about 1,100 words a document),
 with Zipf-distributed words of a real vocabulary (the packaged MiniLM tokenizer's whole words), and
 runs the real stages on it through Snakemake: ingest, split_passages, bm25_index, bm25_search,
-bm25_negatives, pmi_count and pmi, each pre-training method up to its first optimizer step
-(coCondenser spans, Condenser MLM chunks, Contriever stream windows, BMAE/CDMAE chunks, CoT-MAE
-spans), encode_corpus, search_dense, train_retriever (one step) and mine_negatives, evaluate, and
-compare. Models are a tiny BERT built from a ``BertConfig`` (2 layers of 32): this measures the data
+bm25_negatives, pmi_count and pmi, the corpus-aware pre-training of each method up to its first
+optimizer step (coCondenser spans of the documents, Contriever stream windows, BMAE/CDMAE chunks,
+CoT-MAE spans), encode_corpus, search_dense, train_retriever (one step) and mine_negatives,
+evaluate, and compare. Condenser's stage one reads the generic corpus, the same at every size: it
+runs but is not recorded. The query-as-context pairs need doc2query's generated queries and are
+not measured. Models are a tiny BERT built from a ``BertConfig`` (2 layers of 32): this measures the data
 path, not the model. Seconds and peak RSS come from Snakemake's benchmark files (``s``, ``max_rss``).
 
 Writes ``results/bench/scale.json``: one record per stage and size, and per stage the exponents
 between the two largest sizes, the projection to MS MARCO (8.8M passages, 502k training queries,
-3.2M documents) and what the Slurm profile (profiles/slurm/config.yaml over the rules' own
-resources, read from a dry run of config/presets/msmarco-cocondenser.yaml) gives that job.
+3.2M documents) and what the Slurm profile gives that job (profiles/slurm/config.yaml over the
+rules' own resources, read from the dry runs of the presets in config/presets/).
 It also times ``snakemake -n`` on every preset (job counts beside), the DAG at paper scale.
 
-    python bench/bench_scale.py --passages 10000,30000,100000 --documents 1000,3000
+    python bench/bench_scale.py --passages 10000,40000,100000 --documents 1000,4000,10000
 """
 
 from __future__ import annotations
