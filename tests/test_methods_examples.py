@@ -34,7 +34,8 @@ def documented_budgets() -> list[dict[str, str]]:
     for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
-        rows.append(dict(zip(keys, (c.strip().strip("`") for c in line.strip("|").split("|")))))
+        cells = [c.strip().strip("`") for c in line.strip("|").split("|")]
+        rows.append(dict(zip(keys, cells, strict=True)))
     return rows
 
 
@@ -45,9 +46,21 @@ def planned_commands(name: str, tmp_path: Path) -> tuple[str, list[str]]:
     config["collections"][collection]["path"] = str(beir_folder(tmp_path / "beir"))
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     out = subprocess.run(
-        [SNAKEMAKE, "-n", "-p", "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path / "work"),
-         "--configfile", str(tmp_path / "c.yaml")],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        [
+            SNAKEMAKE,
+            "-n",
+            "-p",
+            "-s",
+            str(ROOT / "Snakefile"),
+            "-d",
+            str(tmp_path / "work"),
+            "--configfile",
+            str(tmp_path / "c.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     prefix = "Shell command: "
@@ -64,8 +77,15 @@ def flag(line: str, name: str) -> str:
 def test_methods_config_plans_every_method_with_the_documented_budgets(name, tmp_path):
     config = yaml.safe_load((ROOT / "config" / "examples" / f"{name}.yaml").read_text())
     assert set(config["methods"]) == {
-        "none", "condenser", "cocondenser", "contriever", "bmae", "cdmae", "cotmae",
-        "qac-cocondenser", "qac-cotmae",
+        "none",
+        "condenser",
+        "cocondenser",
+        "contriever",
+        "bmae",
+        "cdmae",
+        "cotmae",
+        "qac-cocondenser",
+        "qac-cotmae",
     }
     collection, lines = planned_commands(name, tmp_path)
     # Every method is fine-tuned through the same pipeline, up to the distilled retriever.
