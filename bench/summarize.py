@@ -43,14 +43,70 @@ def startup_table(records: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def fmt_big(v) -> str:
+    """Whole numbers with thousands separators from 1,000 up, else as :func:`fmt`."""
+    return f"{v:,.0f}" if isinstance(v, int | float) and abs(v) >= 1000 else fmt(v)
+
+
+def scale_table(payload: dict) -> str:
+    """bench_scale.py's results/bench/scale.json: per stage the sizes measured, the exponents
+    between the two largest, the MS MARCO projection and what the Slurm profile gives the job."""
+    records = payload["records"]
+    sizes = sorted({r["passages"] for r in records})
+    head = " | ".join(f"{n:,} s | {n:,} MB" for n in sizes)
+    rows = [
+        "\n## Scale: every stage from 10k passages up, projected to MS MARCO (bench/bench_scale.py)\n",
+        f"Seconds and peak RSS (Snakemake's benchmark files) per stage at {', '.join(f'{n:,}' for n in sizes)} "
+        "passages (`doc:` stages and coCondenser's spans: the document variant, "
+        + ", ".join(
+            f"{r['documents']:,}"
+            for r in sorted(
+                {r["passages"]: r for r in records if r["documents"]}.values(), key=lambda r: r["passages"]
+            )
+        )
+        + " documents), exponents between the two largest sizes, the projection to MS MARCO "
+        "(8.8M passages, 502k training queries, 3.2M documents) and the profile's memory and runtime "
+        f"for the job. Load average during the runs: {'/'.join(f'{v:.1f}' for v in payload.get('load_average', []))}. "
+        "Targets: time exponent <= 1.15; peak RSS at the largest size <= 4 GB except bm25_index "
+        "and search_dense; the projection within the profile.\n",
+        f"| stage | {head} | time exp. | mem exp. | MS MARCO s | MS MARCO MB | profile MB | profile min | on target |",
+        "|---|" + "---|" * (2 * len(sizes)) + "---|---|---|---|---|---|---|",
+    ]
+    by = {(r["stage"], r["passages"]): r for r in records}
+    for st in payload["stages"]:
+        cells = []
+        for n in sizes:
+            r = by.get((st["stage"], n))
+            cells += [fmt(r["seconds"]) if r else "", fmt(r["max_rss_mb"]) if r else ""]
+        ok = st["meets_time_exponent"] and st["meets_rss"] and st["fits_profile"]
+        why = [k for k in ("meets_time_exponent", "meets_rss", "fits_profile") if not st[k]]
+        rows.append(
+            f"| {st['stage']} | {' | '.join(cells)} | {fmt(st['time_exponent'])} | {fmt(st['memory_exponent'])} | "
+            f"{fmt_big(st['msmarco_seconds'])} | {fmt_big(st['msmarco_max_rss_mb'])} | {fmt_big(st['profile_mem_mb'])} | "
+            f"{fmt_big(st['profile_runtime_min'])} | {'yes' if ok else 'no: ' + ', '.join(why)} |"
+        )
+    dry = payload.get("dry_runs") or {}
+    if dry:
+        rows.append(
+            "\n`snakemake -n` on each preset (the DAG at paper scale): "
+            + "; ".join(f"{name} {d['jobs']} jobs in {d['seconds']:.1f} s" for name, d in sorted(dry.items()))
+            + "."
+        )
+    return "\n".join(rows)
+
+
 def main() -> None:
     rows = [
         "| benchmark | value | unit | baseline | ratio | target | device |",
         "|---|---|---|---|---|---|---|",
     ]
     startup = []
+    scale = None
     for path in sorted(bench_dir().glob("*.json")):
         r = json.loads(path.read_text())
+        if path.name == "scale.json":
+            scale = r
+            continue
         if r["name"].startswith("startup_"):
             startup.append(r)
             continue
@@ -59,6 +115,7 @@ def main() -> None:
             f"{fmt(r.get('ratio'))} | {fmt(r.get('target'))} | {r.get('device') or 'this machine'} |"
         )
     table = "\n".join(rows) + ("\n" + startup_table(startup) if startup else "")
+    table += "\n" + scale_table(scale) if scale else ""
     print(table)
     header = (
         "# Latest benchmark figures\n\n"

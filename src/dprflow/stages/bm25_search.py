@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from dprflow.cli import StageError, run_stage
 from dprflow.data.schemas import read_table
 from dprflow.search import bm25
-from dprflow.search.runs import write_run
+from dprflow.search.runs import write_run_pieces
 
 log = logging.getLogger("dprflow.bm25_search")
 
@@ -27,6 +27,17 @@ class Args:
     k1: float = field(default=0.9, metadata={"help": "BM25 k1"})
     b: float = field(default=0.4, metadata={"help": "BM25 b"})
     threads: int = field(default=1, metadata={"help": "search threads"})
+    hits_per_call: int = field(
+        default=500_000,
+        metadata={
+            "help": "hits per Java call (queries per call: this over the depth): one call's hits are "
+            "held at a time, so this bounds the memory of the JVM and of Python"
+        },
+    )
+
+    def check(self) -> None:
+        if self.hits_per_call < 1:
+            raise ValueError(f"--hits-per-call must be at least 1, got {self.hits_per_call}")
 
 
 def split_queries(path: str, split: str):
@@ -38,17 +49,24 @@ def split_queries(path: str, split: str):
 
 
 def search(args: Args) -> None:
+    # Streamed by Java call (a batch of queries in query_id order): one batch of the run in memory.
     queries = split_queries(args.queries, args.split)
-    run = bm25.search(
-        args.index, queries[["query_id", "text"]], k=args.k, k1=args.k1, b=args.b, threads=args.threads
+    pieces = bm25.iter_search(
+        args.index,
+        queries[["query_id", "text"]],
+        k=args.k,
+        k1=args.k1,
+        b=args.b,
+        threads=args.threads,
+        batch_size=max(1, args.hits_per_call // args.k),
     )
-    write_run(run, args.out, args.trec, tag="bm25")
+    counts = write_run_pieces(pieces, args.out, args.trec, tag="bm25")
     log.info(
         "%d queries of split %s, %d answered, %d hits",
         len(queries),
         args.split,
-        run["query_id"].nunique(),
-        len(run),
+        counts["queries"],
+        counts["rows"],
     )
 
 

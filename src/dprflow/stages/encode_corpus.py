@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from dprflow.cli import StageError, run_stage
-from dprflow.data.schemas import read_table
+from dprflow.data.schemas import read_rows, read_table
 from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer, model_prompts
 from dprflow.finetuning.examples import passage_texts
 from dprflow.finetuning.st_format import POOLINGS, SIMILARITIES, with_prompt
@@ -86,15 +86,15 @@ def model_device() -> torch.device:
 def encode(args: Args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
-    passages = read_table(args.passages, "passages")
-    # Only this shard's batches are taken out of the table, not the whole table reordered.
-    order = global_order(passages["n_tokens"].to_numpy())
-    rows = shard_rows(len(passages), args.shard, args.num_shards)
-    aligned = batch_aligned(rows, args.batch_size, len(passages))
-    part = passages.iloc[order[rows]]
-    if part.empty:
+    # The order needs the token counts only; then only this shard's global batches (their text)
+    # are read from the table: memory follows the shard, not the corpus.
+    n_tokens = read_table(args.passages, "passages", ["n_tokens"])["n_tokens"].to_numpy()
+    order = global_order(n_tokens)
+    rows = shard_rows(len(n_tokens), args.shard, args.num_shards)
+    aligned = batch_aligned(rows, args.batch_size, len(n_tokens))
+    if rows.stop <= rows.start:
         raise StageError(
-            f"{args.passages}: shard {args.shard} of {args.num_shards} is empty ({len(passages)} passages)"
+            f"{args.passages}: shard {args.shard} of {args.num_shards} is empty ({len(n_tokens)} passages)"
         )
     tokenizer = load_tokenizer(args.model)
     device = model_device()
@@ -106,7 +106,8 @@ def encode(args: Args) -> None:
     )
     # The whole global batches around this shard's rows, encoded in order: each passage sits in
     # the same batch (same neighbours, same padding) as with any other shard count.
-    batches = passages.iloc[order[aligned]]
+    batches = read_rows(args.passages, "passages", order[aligned])
+    part = batches.iloc[rows.start - aligned.start : rows.stop - aligned.start]
     texts = passage_texts(batches, tokenizer.sep_token or "|")
     # a model that ships a passage prompt is fed it, as sentence-transformers' encode_document
     prompt = model_prompts(args.model)["passage"]

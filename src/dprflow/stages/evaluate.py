@@ -21,7 +21,7 @@ from dprflow.evaluation.metrics import (
     passage_run_to_doc_run,
     rank_doc_run,
 )
-from dprflow.search.runs import write_trec_run
+from dprflow.search.runs import run_passages, write_trec_run
 
 log = logging.getLogger("dprflow.evaluate")
 
@@ -55,7 +55,8 @@ def evaluate(args: Args) -> None:
             f"{args.queries}: no query of split {args.split!r}; splits: {sorted(set(queries['split']))}"
         )
     run = read_table(args.run, "run")
-    doc_run = passage_run_to_doc_run(run, read_table(args.passages, "passages"))
+    # Of the passages only the ids of those the run names: memory follows the run, not the corpus.
+    doc_run = passage_run_to_doc_run(run, run_passages(args.passages, run["passage_id"]))
     qrels = read_table(args.qrels, "qrels")
     if args.doc_run:
         scored = set(judged_qrels(qrels, ids)["query_id"])

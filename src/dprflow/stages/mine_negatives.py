@@ -7,8 +7,8 @@ import sys
 from dataclasses import dataclass, field
 
 from dprflow.cli import run_stage
-from dprflow.data.schemas import read_table, write_table
-from dprflow.search.runs import negatives_from_run, positive_passages
+from dprflow.data.schemas import iter_query_groups
+from dprflow.search.runs import read_positive_passages, write_negatives
 
 log = logging.getLogger("dprflow.mine_negatives")
 
@@ -25,9 +25,9 @@ class Args:
 
 
 def mine(args: Args) -> None:
-    run = read_table(args.run, "run")
-    positives = positive_passages(read_table(args.qrels, "qrels"), read_table(args.passages, "passages"))
-    write_table(negatives_from_run(run, positives, args.depth), args.out, "negatives")
+    # Streamed by whole queries: one batch of the run in memory, the passages' text never read.
+    positives = read_positive_passages(args.qrels, args.passages)
+    write_negatives(iter_query_groups(args.run, "run"), positives, args.depth, args.out)
 
 
 def main(argv: list[str] | None = None) -> int:

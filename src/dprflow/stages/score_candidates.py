@@ -13,10 +13,10 @@ import pandas as pd
 import torch
 
 from dprflow.cli import run_stage
-from dprflow.data.schemas import read_table, write_table
+from dprflow.data.schemas import iter_table, read_table, write_table
 from dprflow.finetuning.reranking import score_with_reranker
 from dprflow.precision import PRECISIONS
-from dprflow.search.runs import positive_passages
+from dprflow.search.runs import read_positive_passages, run_passages
 
 log = logging.getLogger("dprflow.score_candidates")
 
@@ -58,12 +58,20 @@ def score(args: Args) -> None:
         keys = queries.index.map(lambda q: hashlib.sha1(q.encode()).hexdigest())
         queries = queries.iloc[np.argsort(np.asarray(keys))[: args.max_queries]]
         log.info("labelling a stable subset of %d training queries", len(queries))
-    passages = read_table(args.passages, "passages")
-    negatives = read_table(args.negatives, "negatives")
-    negatives = negatives[(negatives["rank"] <= args.candidates) & negatives["query_id"].isin(queries.index)]
-    positives = positive_passages(read_table(args.qrels, "qrels"), passages)
+    # The pool is read piece by piece, keeping the candidates of the labelled queries, and of the
+    # passages only those of the pairs: memory follows the pairs, not the pool or the corpus.
+    negatives = pd.concat(
+        [
+            piece[(piece["rank"] <= args.candidates) & piece["query_id"].isin(queries.index)]
+            for piece in iter_table(args.negatives, "negatives", batch_rows=1 << 20)
+        ]
+        or [read_table(args.negatives, "negatives")],
+        ignore_index=True,
+    )
+    positives = read_positive_passages(args.qrels, args.passages)
     positives = positives[positives["query_id"].isin(set(negatives["query_id"]))]
     pairs = pd.concat([positives, negatives[["query_id", "passage_id"]]]).drop_duplicates(ignore_index=True)
+    passages = run_passages(args.passages, pairs["passage_id"], ["passage_id", "doc_id", "title", "text"])
     pairs["score"] = score_with_reranker(
         args.model, queries, passages, pairs, args.max_length, args.batch_size, args.precision
     )

@@ -18,8 +18,15 @@ from dprflow.data.schemas import atomic_path, read_table
 from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer, model_prompts
 from dprflow.finetuning.st_format import POOLINGS, SIMILARITIES, with_prompt
 from dprflow.precision import PRECISIONS, resolve_precision
-from dprflow.search.dense import FlatIndex, embeddings_precision, encode_texts, search_to_run
-from dprflow.search.runs import write_run
+from dprflow.search.dense import (
+    FlatIndex,
+    embeddings_precision,
+    encode_texts,
+    iter_run_frames,
+    iter_search_run,
+    search_shards,
+)
+from dprflow.search.runs import write_run_pieces
 from dprflow.stages.encode_corpus import geometry_field, model_device
 
 log = logging.getLogger("dprflow.search_dense")
@@ -63,6 +70,13 @@ class Args:
         },
     )
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
+    shard_at_a_time: bool = field(
+        default=False,
+        metadata={
+            "help": "hold one embedding shard's index in memory at a time and merge the per-shard "
+            "top-k (memory: one shard, not the corpus) instead of one index of every shard"
+        },
+    )
 
 
 def query_precision(args: Args, device: torch.device) -> str:
@@ -91,7 +105,7 @@ def query_precision(args: Args, device: torch.device) -> str:
 def search(args: Args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
-    index = FlatIndex.from_files(args.embeddings)
+    index = None if args.shard_at_a_time else FlatIndex.from_files(args.embeddings)
     tokenizer = load_tokenizer(args.model)
     device = model_device()
     precision = query_precision(args, device)
@@ -107,6 +121,7 @@ def search(args: Args) -> None:
     searches = [(args.eval_split, args.depth, args.out, args.trec)]
     if args.train_out:
         searches.append((args.train_split, args.train_depth, args.train_out, None))
+    jobs = []
     for split, depth, out, trec in searches:
         chosen = queries[queries["split"] == split]
         if chosen.empty:
@@ -120,9 +135,22 @@ def search(args: Args) -> None:
             device=device,
             autocast=None if precision == "fp32" else precision,
         )
-        run = search_to_run(index, chosen["query_id"].tolist(), emb, depth, batch_size=args.batch_size)
-        write_run(run, out, trec, tag=args.tag)
-        log.info("split %s: %d queries, depth %d, %d rows", split, len(chosen), depth, len(run))
+        jobs.append((split, depth, out, trec, chosen["query_id"].tolist(), emb))
+    if args.shard_at_a_time:
+        ids, best = search_shards(
+            args.embeddings, [job[5] for job in jobs], [job[1] for job in jobs], batch_size=args.batch_size
+        )
+        runs = [
+            iter_run_frames(job[4], *found, ids, batch_size=args.batch_size)
+            for job, found in zip(jobs, best, strict=True)
+        ]
+    else:
+        runs = [iter_search_run(index, job[4], job[5], job[1], batch_size=args.batch_size) for job in jobs]
+    for (split, depth, out, trec, query_ids, _), pieces in zip(jobs, runs, strict=True):
+        # Written query batch by query batch: the run (502k x 200 rows for MS MARCO's training
+        # queries) is never whole in memory.
+        counts = write_run_pieces(pieces, out, trec, tag=args.tag)
+        log.info("split %s: %d queries, depth %d, %d rows", split, len(query_ids), depth, counts["rows"])
     if args.encoder_out:
         record = {
             "model": args.model,

@@ -1,0 +1,109 @@
+"""The methods-study configs (config/examples/methods-*.yaml) plan every method with the
+pre-training budgets docs/methods-study.md states.
+
+A dry run (snakemake -n -p) of each config with its collection moved to a four-document BEIR
+folder: no ../shared, nothing trained. The budgets table of the docs is read row by row and each
+row's stage, found by its model folder, must be planned with that batch, learning rate, number of
+passes (max_steps 0) and temperature.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from test_robustness import beir_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+DOCS = ROOT / "docs" / "methods-study.md"
+CONFIGS = ["methods-cranfield", "methods-cisi"]
+HEADER = "| method | stage | model folder | batch | learning rate | passes | temperature |"
+
+
+def documented_budgets() -> list[dict[str, str]]:
+    """The rows of the budgets table in docs/methods-study.md."""
+    lines = DOCS.read_text().splitlines()
+    start = lines.index(HEADER)
+    keys = [k.strip() for k in HEADER.strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip().strip("`") for c in line.strip("|").split("|")]
+        rows.append(dict(zip(keys, cells, strict=True)))
+    return rows
+
+
+def planned_commands(name: str, tmp_path: Path) -> tuple[str, list[str]]:
+    """The collection's name and the shell lines of the config's whole DAG."""
+    config = yaml.safe_load((ROOT / "config" / "examples" / f"{name}.yaml").read_text())
+    (collection,) = config["collections"]
+    config["collections"][collection]["path"] = str(beir_folder(tmp_path / "beir"))
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    out = subprocess.run(
+        [
+            SNAKEMAKE,
+            "-n",
+            "-p",
+            "-s",
+            str(ROOT / "Snakefile"),
+            "-d",
+            str(tmp_path / "work"),
+            "--configfile",
+            str(tmp_path / "c.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    prefix = "Shell command: "
+    return collection, [x[len(prefix) :] for x in out.stdout.splitlines() if x.startswith(prefix)]
+
+
+def flag(line: str, name: str) -> str:
+    match = re.search(rf"--{name} (\S+)", line)
+    assert match, f"--{name} missing from {line[:300]}"
+    return match.group(1)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_methods_config_plans_every_method_with_the_documented_budgets(name, tmp_path):
+    config = yaml.safe_load((ROOT / "config" / "examples" / f"{name}.yaml").read_text())
+    assert set(config["methods"]) == {
+        "none",
+        "condenser",
+        "cocondenser",
+        "contriever",
+        "bmae",
+        "cdmae",
+        "cotmae",
+        "qac-cocondenser",
+        "qac-cotmae",
+    }
+    collection, lines = planned_commands(name, tmp_path)
+    # Every method is fine-tuned through the same pipeline, up to the distilled retriever.
+    for method in config["methods"]:
+        out = f"--out results/{collection}/{method}/seed-13/distill/model"
+        assert any(out in x for x in lines), f"{method}: no distilled retriever planned"
+    budgets = documented_budgets()
+    # pre-training stages (pretrain_tokenize writes token stores, it trains nothing)
+    pretrain = [x for x in lines if re.match(r"python -m dprflow\.stages\.pretrain_(?!tokenize)", x)]
+    folders = {row["model folder"].replace("<collection>", collection) for row in budgets}
+    # The docs state every planned pre-training stage, and no other.
+    assert {flag(x, "out") for x in pretrain} == folders
+    for row in budgets:
+        folder = row["model folder"].replace("<collection>", collection)
+        (line,) = [x for x in pretrain if flag(x, "out") == folder]
+        assert int(flag(line, "batch-size")) == int(row["batch"]), folder
+        assert float(flag(line, "learning-rate")) == float(row["learning rate"]), folder
+        assert int(flag(line, "epochs")) == int(row["passes"]), folder
+        assert int(flag(line, "max-steps")) == 0, folder
+        if row["temperature"] != "-":
+            assert float(flag(line, "temperature")) == float(row["temperature"]), folder

