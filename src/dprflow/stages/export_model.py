@@ -32,7 +32,9 @@ from dprflow.finetuning.st_format import (
 
 log = logging.getLogger("dprflow.export_model")
 
-LEFT_OUT = {"events", "provenance.json", CARD_FILE}  # training-run files; the card is rewritten
+# training-run files; the card is rewritten; Snakemake's stamp of the model folder (a shared link
+# would let Snakemake's touch of hub/ move the model's stamp and rerun all that follows it)
+LEFT_OUT = {"events", "provenance.json", CARD_FILE, ".snakemake_timestamp"}
 
 
 @dataclass
