@@ -2,7 +2,7 @@
 
 
 def ingest_out_dir(wildcards):
-    return f"{RESULTS}/{wildcards.collection}/collection"
+    return result_path(wildcards.collection, "collection")
 
 
 def ingest_inputs(wildcards):

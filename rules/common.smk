@@ -53,6 +53,12 @@ wildcard_constraints:
     system=f"bm25|{NAME}/(zeroshot|seed-[0-9]+/({'|'.join(STAGES)})){TRANSFER_SUFFIX}",
 
 
+def result_path(*parts):
+    """A path under results/ from its parts (wildcard values among them): for the input functions,
+    whose paths never reach a shell line unquoted."""
+    return "/".join([RESULTS, *map(str, parts)])
+
+
 def local_paths(*values):
     """The settings among ``values`` that name an existing local file or folder, as inputs of the
     rules that read them (a changed or missing one then reruns or fails like any input); a hub id

@@ -7,7 +7,7 @@ def doc2query_model_input(wildcards):
     is a local folder)."""
     if PT["doc2query"]["model"]:
         return local_paths(PT["doc2query"]["model"])
-    return [f"{RESULTS}/{wildcards.collection}/doc2query/model"]
+    return [result_path(wildcards.collection, "doc2query", "model")]
 
 
 def doc2query_model_fingerprint(wildcards):
@@ -17,7 +17,7 @@ def doc2query_model_fingerprint(wildcards):
 
 def doc2query_model(wildcards):
     return (
-        PT["doc2query"]["model"] or f"{RESULTS}/{wildcards.collection}/doc2query/model"
+        PT["doc2query"]["model"] or result_path(wildcards.collection, "doc2query", "model")
     )
 
 

@@ -39,7 +39,7 @@ def tokens_path(corpus, view, tokenizer=None):
 def tokenize_corpus_input(wildcards):
     if wildcards.corpus == "pretrain":
         return generic_corpus_input(wildcards)
-    return [f"{RESULTS}/{wildcards.corpus}/passages.parquet"]
+    return [result_path(wildcards.corpus, "passages.parquet")]
 
 
 def tokenizer_name(wildcards):
@@ -194,7 +194,7 @@ def pmi_corpus_input(wildcards):
     """The texts whose n-grams are counted: a collection's passages, or the generic corpus file."""
     if wildcards.corpus == "pretrain":
         return generic_corpus_input(wildcards)
-    return [f"{RESULTS}/{wildcards.corpus}/passages.parquet"]
+    return [result_path(wildcards.corpus, "passages.parquet")]
 
 
 def pmi_count_flags(wildcards):
@@ -216,7 +216,7 @@ def pmi_count_mem_mb(wildcards):
 
 def pmi_shard_files(wildcards):
     return [
-        f"{RESULTS}/{wildcards.corpus}/pmi/counts/{s}.parquet"
+        result_path(wildcards.corpus, "pmi", "counts", f"{s}.parquet")
         for s in range(PT["pmi"]["shards"])
     ]
 
@@ -356,7 +356,7 @@ def contriever_corpus_input(wildcards):
     """
     if PT["contriever"]["corpus"] == "generic":
         return generic_corpus_input(wildcards)
-    return [f"{RESULTS}/{wildcards.collection}/passages.parquet"]
+    return [result_path(wildcards.collection, "passages.parquet")]
 
 
 def contriever_corpus_flags(wildcards):

@@ -12,7 +12,7 @@ def pretrained_encoder(wildcards):
         init = PT["cocondenser"]["init"]
         return local_paths(init) if init else [condenser_model()]
     if wildcards.method in CORPUS_PRETRAINED:
-        return [f"{RESULTS}/{wildcards.collection}/{wildcards.method}/pretrain/model"]
+        return [result_path(wildcards.collection, wildcards.method, "pretrain", "model")]
     return []
 
 
@@ -84,7 +84,7 @@ def encoder_inputs(wildcards):
     retriever = native_retriever(wildcards)
     if retriever == "zeroshot":
         return pretrained_encoder(wildcards) or local_paths(method_init(wildcards))
-    return f"{RESULTS}/{wildcards.collection}/{wildcards.method}/{retriever}/model"
+    return result_path(wildcards.collection, wildcards.method, retriever, "model")
 
 
 def run_tag(wildcards):
@@ -102,12 +102,12 @@ def encoder_flags(wildcards):
             *initial_geometry(wildcards.method)
         )
     else:
-        model = f"--model {q(f'{RESULTS}/{wildcards.collection}/{wildcards.method}/{retriever}/model')}"
+        model = f"--model {q(result_path(wildcards.collection, wildcards.method, retriever, 'model'))}"
     return f"{model} {precision_flag()}"
 
 
 def embedding_shards(wildcards):
-    base = f"{RESULTS}/{wildcards.collection}/{wildcards.method}/{wildcards.retriever}"
+    base = result_path(wildcards.collection, wildcards.method, wildcards.retriever)
     return [f"{base}/embeddings/shard_{s}.parquet" for s in shards()]
 
 
@@ -136,8 +136,8 @@ def train_depth():
 
 def retriever_inputs(wildcards):
     """The pre-trained encoder, negative pools (and teacher scores) of each trained retriever."""
-    base = f"{RESULTS}/{wildcards.collection}"
-    method = f"{base}/{wildcards.method}/seed-{wildcards.seed}"
+    base = result_path(wildcards.collection)
+    method = result_path(wildcards.collection, wildcards.method, "seed-" + wildcards.seed)
     out = {}
     if pretrained_encoder(wildcards):
         out["encoder"] = pretrained_encoder(wildcards)[0]
