@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from dprflow.cli import run_stage
 from dprflow.search import bm25
 from dprflow.search.runs import read_positive_passages, write_negatives
-from dprflow.stages.bm25_search import split_queries
+from dprflow.stages.bm25_search import LuceneArgs, split_queries
 
 log = logging.getLogger("dprflow.bm25_negatives")
 
 
 @dataclass
-class Args:
+class Args(LuceneArgs):
     """Write bm25_negatives.parquet for the retriever-1 stage."""
 
     index: str = field(metadata={"help": "the Lucene index folder"})
@@ -25,20 +25,6 @@ class Args:
     split: str = field(metadata={"help": "the training split"})
     out: str = field(metadata={"help": "negatives.parquet to write"})
     depth: int = field(default=1000, metadata={"help": "K1: depth of the pool"})
-    k1: float = field(default=0.9, metadata={"help": "BM25 k1"})
-    b: float = field(default=0.4, metadata={"help": "BM25 b"})
-    threads: int = field(default=1, metadata={"help": "search threads"})
-    hits_per_call: int = field(
-        default=500_000,
-        metadata={
-            "help": "hits per Java call (queries per call: this over the depth): one call's hits are "
-            "held at a time, so this bounds the memory of the JVM and of Python"
-        },
-    )
-
-    def check(self) -> None:
-        if self.hits_per_call < 1:
-            raise ValueError(f"--hits-per-call must be at least 1, got {self.hits_per_call}")
 
 
 def negatives(args: Args) -> None:

@@ -14,16 +14,10 @@ from dprflow.search.runs import write_run_pieces
 log = logging.getLogger("dprflow.bm25_search")
 
 
-@dataclass
-class Args:
-    """Search the Lucene index with one split's queries."""
+@dataclass(kw_only=True)
+class LuceneArgs:
+    """The BM25 settings and the Java-call size both Lucene search stages take."""
 
-    index: str = field(metadata={"help": "the Lucene index folder"})
-    queries: str = field(metadata={"help": "queries.parquet"})
-    split: str = field(metadata={"help": "query split to search"})
-    out: str = field(metadata={"help": "run.parquet to write"})
-    trec: str | None = field(default=None, metadata={"help": "TREC run file to write too"})
-    k: int = field(default=1000, metadata={"help": "hits per query"})
     k1: float = field(default=0.9, metadata={"help": "BM25 k1"})
     b: float = field(default=0.4, metadata={"help": "BM25 b"})
     threads: int = field(default=1, metadata={"help": "search threads"})
@@ -38,6 +32,18 @@ class Args:
     def check(self) -> None:
         if self.hits_per_call < 1:
             raise ValueError(f"--hits-per-call must be at least 1, got {self.hits_per_call}")
+
+
+@dataclass
+class Args(LuceneArgs):
+    """Search the Lucene index with one split's queries."""
+
+    index: str = field(metadata={"help": "the Lucene index folder"})
+    queries: str = field(metadata={"help": "queries.parquet"})
+    split: str = field(metadata={"help": "query split to search"})
+    out: str = field(metadata={"help": "run.parquet to write"})
+    trec: str | None = field(default=None, metadata={"help": "TREC run file to write too"})
+    k: int = field(default=1000, metadata={"help": "hits per query"})
 
 
 def split_queries(path: str, split: str):
