@@ -6,6 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 CONFIG ?= config/config.yaml
 CORES ?= 2
+# make test runs the tests in this many processes (pytest-xdist); 1 runs them in one.
+TEST_WORKERS ?= 2
 SNAKEMAKE_ARGS ?=
 
 # Jobs run `python -m dprflow.stages.<rule>`: the venv's bin comes first on PATH, as if activated.
@@ -50,7 +52,7 @@ dry-run: setup
 	$(BIN)/snakemake -n --cores $(CORES) --configfile $(CONFIG)
 
 test: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests
 
 lint: setup
 	$(BIN)/ruff check src tests bench scripts

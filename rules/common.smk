@@ -281,10 +281,11 @@ def precision_flag():
 
 def training_flags():
     """Flags every training stage takes: the precision and the config's training section
-    (num_workers, like checkpoint_every, is a resource of the rules: it changes how batches are
-    built, not what is trained, so changing it must not retrain)."""
+    (num_workers, checkpoint_every and log_every are resources of the rules: they change how
+    batches are built, how often state is saved or the loss read, not what is trained, so changing
+    one must not rerun the job)."""
     keys = ["gradient_accumulation_steps", "gradient_checkpointing", "max_grad_norm", "fused_adamw", "tf32"]
-    keys += ["compile", "attention", "log_every", "chunk_from_memory"]
+    keys += ["compile", "attention", "chunk_from_memory"]
     return f"{precision_flag()} {train_flags(config['training'], keys)}"
 
 

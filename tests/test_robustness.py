@@ -200,6 +200,25 @@ def test_the_position_limit_comes_from_the_models_config_json(tmp_path):
     )
 
 
+def test_span_lengths_are_checked_against_the_model_stage_two_starts_from(tmp_path):
+    """coCondenser's spans go to pretrain.cocondenser.init when it is set (and the MAEs' chunks to
+    pretrain.mae.corpus_init): its positions limit them, not model.init's."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 64}))
+    spans = _set("pretrain.cocondenser.span_max", 100)
+    assert config_problems(spans) == ""  # model.init, the packaged MiniLM, has 512 positions
+    given = config_problems(lambda c: (spans(c), _set("pretrain.cocondenser.init", str(tmp_path))(c)))
+    assert "pretrain.cocondenser.span_max asks for 102 tokens" in given and "64 positions" in given
+    chunks = config_problems(
+        lambda c: (
+            _set("pretrain.mae.corpus_init", str(tmp_path))(c),
+            _set("pretrain.mae.max_length", 128)(c),
+        )
+    )
+    assert "pretrain.mae.max_length asks for 128 tokens" in chunks
+
+
 def test_scoring_the_training_queries_is_an_explicit_choice():
     both = _set("collections.stdlib", {"source": "embedded", "eval_split": "train", "train_split": "train"})
     assert "score_training_queries" in config_problems(both)
@@ -416,6 +435,7 @@ def test_checkpoint_interval_and_threads_retrain_nothing(finished_tiny_results):
 
     workers = copy.deepcopy(config)
     workers.setdefault("training", {})["num_workers"] = 2  # builds the same batches (test_training_scale)
+    workers["training"]["log_every"] = 3  # how often the loss is read back, not what is trained
     (workdir / "workers.yaml").write_text(yaml.safe_dump(workers))
     jobs = planned_jobs(workdir, workdir / "workers.yaml")
     assert not [r for r in jobs if r.startswith(trained)], jobs
@@ -562,11 +582,13 @@ def beir_folder(path: Path) -> Path:
     (path / "corpus.jsonl").write_text(
         "".join(json.dumps({"_id": i, "title": t, "text": x}) + "\n" for i, t, x in docs)
     )
-    queries = [("q1", "what lifts aircraft"), ("q2", "boundary layer on plates"),
-               ("q3", "hypersonic heat transfer"), ("q4", "shock ahead of blunt bodies")]
-    (path / "queries.jsonl").write_text(
-        "".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in queries)
-    )
+    queries = [
+        ("q1", "what lifts aircraft"),
+        ("q2", "boundary layer on plates"),
+        ("q3", "hypersonic heat transfer"),
+        ("q4", "shock ahead of blunt bodies"),
+    ]
+    (path / "queries.jsonl").write_text("".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in queries))
     head = "query-id\tcorpus-id\tscore\n"
     (path / "qrels" / "train.tsv").write_text(head + "q1\td1\t2\nq2\td2\t1\n")
     (path / "qrels" / "test.tsv").write_text(head + "q3\td3\t2\nq3\td2\t1\nq4\td4\t2\n")
@@ -589,7 +611,12 @@ def injected_config(tmp_path: Path) -> dict:
     beir = beir_folder(tmp_path / INJECTED["collection"])
     config["collections"] = {
         "c1": {"source": "beir", "path": str(beir), "eval_split": "test", "train_split": "train"},
-        "c2": {"source": "ir_datasets", "ir_datasets": IRDS_IDS, "eval_split": "test", "train_split": "train"},
+        "c2": {
+            "source": "ir_datasets",
+            "ir_datasets": IRDS_IDS,
+            "eval_split": "test",
+            "train_split": "train",
+        },
     }
     config["evaluation"]["metrics"] = [METRIC, "nDCG@10"]
     return config
@@ -663,7 +690,9 @@ def test_a_real_run_with_injected_values_creates_no_marker_and_scores_a_paramete
     cmd = [DRY_RUN[0], "-s", str(ROOT / "Snakefile"), "--configfile", str(tmp_path / "c.yaml"), "-c1"]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     target = "results/c1/bm25/metrics.parquet"
-    out = subprocess.run([*cmd, "-d", str(work), target], capture_output=True, text=True, timeout=600, env=env)
+    out = subprocess.run(
+        [*cmd, "-d", str(work), target], capture_output=True, text=True, timeout=600, env=env
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert markers(tmp_path, ROOT) == []
     metrics = pd.read_parquet(work / target)
@@ -674,8 +703,7 @@ def test_a_real_run_with_injected_values_creates_no_marker_and_scores_a_paramete
         {"query_id": ["q3", "q3", "q4"], "doc_id": ["d3", "d2", "d4"], "relevance": [2, 1, 2]}
     )
     expected = {
-        m.query_id: m.value
-        for m in ir_measures.iter_calc([ir_measures.parse_measure(METRIC)], qrels, run)
+        m.query_id: m.value for m in ir_measures.iter_calc([ir_measures.parse_measure(METRIC)], qrels, run)
     }
     got = metrics[metrics["metric"] == METRIC].set_index("query_id")["value"].to_dict()
     assert expected and {q: got[q] for q in expected} == pytest.approx(expected)

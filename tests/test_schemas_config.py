@@ -153,7 +153,10 @@ def test_an_evaluate_only_collection_needs_no_training_split(tmp_path):
 @pytest.mark.parametrize(
     "evaluate_on, message",
     [
-        (["trec-covid"], r"collections\.cranfield\.evaluate_on\[0\] = 'trec-covid' is not a collection of this config; its collections: cranfield, cisi"),
+        (
+            ["trec-covid"],
+            r"collections\.cranfield\.evaluate_on\[0\] = 'trec-covid' is not a collection of this config; its collections: cranfield, cisi",
+        ),
         (["cranfield"], r"collections\.cranfield\.evaluate_on\[0\] = 'cranfield' is the collection itself"),
     ],
 )
@@ -166,7 +169,9 @@ def test_evaluate_on_names_other_collections(tmp_path, evaluate_on, message):
 
 def test_an_evaluate_only_collection_transfers_nothing(tmp_path):
     config = transfer_config(tmp_path, evaluate_only=True, evaluate_on=["cranfield"])
-    with pytest.raises(ConfigError, match=r"collections\.cisi\.evaluate_on: collection 'cisi' is evaluate_only"):
+    with pytest.raises(
+        ConfigError, match=r"collections\.cisi\.evaluate_on: collection 'cisi' is evaluate_only"
+    ):
         validate_config(config, SCHEMA)
 
 
@@ -181,7 +186,12 @@ def test_reference_models_are_named_and_checked(tmp_path):
             "references": [
                 "BAAI/bge-small-en-v1.5",
                 str(tmp_path / "my model.v2"),
-                {"model": "facebook/contriever", "name": "contriever", "pooling": "mean", "similarity": "dot"},
+                {
+                    "model": "facebook/contriever",
+                    "name": "contriever",
+                    "pooling": "mean",
+                    "similarity": "dot",
+                },
             ]
         },
     }
@@ -192,7 +202,10 @@ def test_reference_models_are_named_and_checked(tmp_path):
         "ref-contriever": {"model": "facebook/contriever", "pooling": "mean", "similarity": "dot"},
     }
     config["model"]["references"].append("other/bge-small-en-v1.5")
-    with pytest.raises(ConfigError, match=r"model\.references\[3\] \('other/bge-small-en-v1\.5'\) and an earlier reference \('BAAI/bge-small-en-v1\.5'\) are both named 'ref-bge-small-en-v1-5'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"model\.references\[3\] \('other/bge-small-en-v1\.5'\) and an earlier reference \('BAAI/bge-small-en-v1\.5'\) are both named 'ref-bge-small-en-v1-5'",
+    ):
         validate_config(config, SCHEMA)
     config["model"]["references"] = [str(tmp_path / "missing")]
     with pytest.raises(ConfigError, match=r"model\.references\[0\] = '.*missing' does not exist"):

@@ -316,7 +316,9 @@ def test_transfer_and_references_dag(tmp_path):
     result = snakemake(tmp_path, config, "-n", "-p")
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = planned_jobs(result)
-    assert {k: jobs.get(k) for k in ("train_retriever", "bm25_negatives", "pretrain_corpus", "train_reranker")} == {
+    assert {
+        k: jobs.get(k) for k in ("train_retriever", "bm25_negatives", "pretrain_corpus", "train_reranker")
+    } == {
         "train_retriever": 3,
         "bm25_negatives": 1,
         "pretrain_corpus": 1,
@@ -330,7 +332,8 @@ def test_transfer_and_references_dag(tmp_path):
     transferred = [c for c in commands if "seed-13/r2/on-other/embeddings" in c]
     assert len(transferred) == 2  # two shards
     assert all(
-        "--model results/tiny/cocondenser/seed-13/r2/model" in c and "--passages results/other/passages.parquet" in c
+        "--model results/tiny/cocondenser/seed-13/r2/model" in c
+        and "--passages results/other/passages.parquet" in c
         for c in transferred
     )
     reference = [c for c in commands if "ref-tiny-st/zeroshot" in c]
@@ -349,7 +352,10 @@ def test_transfer_end_to_end_scores_the_trained_rows_on_the_other_collection(fin
     shutil.copytree(workdir, copy, symlinks=True)
     transferred = copy / "results" / "tiny" / "cocondenser" / "seed-13" / "r2" / "on-other"
     reference = copy / "results" / "other" / "ref-tiny-st" / "zeroshot"
-    targets = [str((transferred / "metrics.parquet").relative_to(copy)), str((reference / "encoder.json").relative_to(copy))]
+    targets = [
+        str((transferred / "metrics.parquet").relative_to(copy)),
+        str((reference / "encoder.json").relative_to(copy)),
+    ]
     result = snakemake(copy, transfer_config(config, tmp_path), *targets)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rule train_retriever" not in result.stdout + result.stderr

@@ -201,14 +201,18 @@ def _check_lengths(config: dict) -> list[str]:
     pt, ft = config["pretrain"], config["finetune"]
     init = config["model"]["init"]
     reranker = ft["reranker"]["init"] or init
+    # Stage two may start from a given checkpoint instead of stage one's model: its spans and
+    # chunks are then fed to that checkpoint.
+    cocondenser = pt["cocondenser"].get("init") or init
+    mae = pt["mae"].get("corpus_init") or init
     lengths = [
         (init, "finetune.max_query_length", ft["max_query_length"]),
         (init, "finetune.max_passage_length", ft["max_passage_length"]),
         (init, "pretrain.condenser.max_length", pt["condenser"]["max_length"]),
-        (init, "pretrain.mae.max_length", pt["mae"]["max_length"]),
+        (mae, "pretrain.mae.max_length", pt["mae"]["max_length"]),
         # a span or a crop plus [CLS] and [SEP]
-        (init, "pretrain.cocondenser.span_max", pt["cocondenser"]["span_max"] + 2),
-        (init, "pretrain.mae.span_max", pt["mae"]["span_max"] + 2),
+        (cocondenser, "pretrain.cocondenser.span_max", pt["cocondenser"]["span_max"] + 2),
+        (mae, "pretrain.mae.span_max", pt["mae"]["span_max"] + 2),
         (init, "pretrain.contriever.max_doc_tokens", _contriever_tokens(pt["contriever"]) + 2),
         (reranker, "finetune.reranker.max_length", ft["reranker"]["max_length"]),
     ]
@@ -266,7 +270,9 @@ def _check_transfer(config: dict) -> list[str]:
             )
         for i, target in enumerate(spec["evaluate_on"]):
             if target == name:
-                problems.append(f"{where}[{i}] = {target!r} is the collection itself (its rows are scored on it anyway)")
+                problems.append(
+                    f"{where}[{i}] = {target!r} is the collection itself (its rows are scored on it anyway)"
+                )
             elif target not in names:
                 problems.append(
                     f"{where}[{i}] = {target!r} is not a collection of this config; its collections: "
@@ -294,7 +300,11 @@ def _references(config: dict) -> tuple[dict[str, dict[str, Any]], list[str]]:
                 f"model.references[{i}] ({spec['model']!r}) and an earlier reference "
                 f"({out[row]['model']!r}) are both named {row!r}; give one a name: {{model: ..., name: ...}}"
             )
-        out[row] = {"model": spec["model"], "pooling": spec.get("pooling"), "similarity": spec.get("similarity")}
+        out[row] = {
+            "model": spec["model"],
+            "pooling": spec.get("pooling"),
+            "similarity": spec.get("similarity"),
+        }
     return out, problems
 
 
@@ -358,7 +368,9 @@ def _check_models(config: dict) -> list[str]:
     (``HF_HUB_OFFLINE``); a hub id otherwise is checked by the job that loads it."""
     from dprflow.model_init import OFFLINE_VARIABLES, PACKAGED_MODELS, hub_cache_file, resolve_model
 
-    offline = [v for v in OFFLINE_VARIABLES if os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")]
+    offline = [
+        v for v in OFFLINE_VARIABLES if os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+    ]
     problems = []
     settings = [(key, _get(config, key)) for key in MODEL_KEYS]
     settings += [
@@ -466,9 +478,7 @@ def read_config_file(path: str | Path) -> dict:
     return data
 
 
-def load_config(
-    path: str | Path, schema_path: str | Path, check_paths: bool = True
-) -> dict:
+def load_config(path: str | Path, schema_path: str | Path, check_paths: bool = True) -> dict:
     """Read and validate a config file (for scripts and tests; the workflow uses Snakemake's configfile)."""
     return validate_config(read_config_file(path), schema_path, check_paths)
 

@@ -294,7 +294,9 @@ def read(output: str | os.PathLike) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def local_sha256(path: str | os.PathLike, cache: str | os.PathLike = ".snakemake/dprflow/local_sha256.json") -> str:
+def local_sha256(
+    path: str | os.PathLike, cache: str | os.PathLike = ".snakemake/dprflow/local_sha256.json"
+) -> str:
     """SHA-256 of the user's own file or folder (a local model named in the config), for the
     workflow's content fingerprints: taken again only when the sizes, names or mtimes of its
     files changed since the hash kept in ``cache`` (a file of the working directory, never beside

@@ -363,7 +363,7 @@ def to_markdown(
     notes = ["", scored_queries_note(table, splits, trained_on)]
     if transfer:
         notes.append(
-            "Transfer: a column group \"X (trained on Y)\" scores on X's queries the rows trained on Y "
+            'Transfer: a column group "X (trained on Y)" scores on X\'s queries the rows trained on Y '
             "(BM25 and the off-the-shelf rows train nothing and are X's own); a mean group averages a "
             "row's values over the collections its training collection was scored on, without markers."
         )

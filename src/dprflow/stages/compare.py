@@ -89,7 +89,9 @@ def system_of(path: Path, results_dir: Path, name: str = "metrics.parquet") -> t
 TRANSFER_PREFIX = "on-"
 
 
-def row_of(path: Path, results_dir: Path, untrained: list[str], name: str = "metrics.parquet") -> tuple[str, str, str]:
+def row_of(
+    path: Path, results_dir: Path, untrained: list[str], name: str = "metrics.parquet"
+) -> tuple[str, str, str]:
     """(scored collection, system, training collection) of a row's file; the training collection
     is empty for an untrained row."""
     collection, system = system_of(path, results_dir, name)
