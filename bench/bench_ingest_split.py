@@ -8,17 +8,18 @@ The folders are bench_scale.py's (``write_beir``: documents of about 1,100 words
 about 55, Zipf words of the MiniLM vocabulary). Each stage runs in a fresh process (peak RSS is
 its ``VmHWM``; the tokenizer single-threaded, as bench_pretrain_data.py runs it); the tables the
 two trees write are compared row for row, so a speed-up that changed the output fails here.
-Figures go to ``results/bench/ingest_split.json`` and a Markdown table to stdout.
+Figures go to ``results/bench/split_passages_rate.json`` (documents or passages a second at the
+largest size) and ``results/bench/ingest_peak_rss.json`` (MB at the largest size), each with the
+other tree's figure as ``baseline`` and every record measured, and a Markdown table to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import pandas as pd
-from _common import ROOT, bench_dir, machine
+from _common import ROOT, write_bench
 from bench_pretrain_data import run
 from bench_scale import SEED, write_beir
 
@@ -79,10 +80,31 @@ def main() -> None:
             print(f"{kind}{n}: tables of the two trees equal: {same}", flush=True)
             if not same:
                 raise SystemExit(f"{kind}{n}: the two trees wrote different tables")
-    out = bench_dir() / "ingest_split.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"records": rows, "machine": machine()}, indent=2) + "\n")
-    print(f"\n-> {out}\n")
+    kind, n, _ = corpora[-1]  # the largest size of the last kind
+    for name, stage, key, unit in (
+        ("split_passages_rate", "split_passages", "per_second", f"{kind}/s"),
+        ("ingest_peak_rss", "ingest", "max_rss_mb", "MB"),
+    ):
+        after, before = (
+            next(
+                (r for r in rows if (r["stage"], r["corpus"], r["size"], r["tree"]) == (stage, kind, n, t)),
+                None,
+            )
+            for t in ("after", "before")
+        )
+        baseline = before[key] if before else None
+        ratio = round(after[key] / baseline, 2) if baseline else None
+        write_bench(
+            name,
+            after[key],
+            unit,
+            n=n,
+            seconds=after["seconds"],
+            baseline=baseline,
+            ratio=ratio,
+            records=rows,
+        )
+    print()
     print("| stage | corpus | size | tree | seconds | per second | peak MB |\n|---|---|---|---|---|---|---|")
     for r in rows:
         print(

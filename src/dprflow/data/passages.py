@@ -13,8 +13,9 @@ Speed (MS MARCO documents: 3.2M documents of about 1,100 words): :func:`split_do
 the tokens of a whole batch of documents' sentences in one call of the Rust tokenizer (which
 spreads a batch over its threads, ``RAYON_NUM_THREADS``), and, for tokenizers whose counts add up
 over text joined with a space (:func:`counts_add_up`: WordPiece behind BERT's normalizer and
-pre-tokenizer, the tokenizer of every model the presets start from), takes a passage's count as
-the sum of its sentences' instead of tokenizing the passage again. :func:`split_documents_reference`
+pre-tokenizer, the tokenizer of every model the presets start from), counts each distinct word
+once and takes a sentence's count as the sum of its words' and a passage's as the sum of its
+sentences', instead of tokenizing every sentence and then every passage. :func:`split_documents_reference`
 is the plain path, one tokenizer call per document and a final count of every passage; the tests
 check that both give the same table.
 """
@@ -75,7 +76,7 @@ def group_sentences_counted(
     for sentence, n in zip(sentences, sizes, strict=True):
         for piece, size in _pieces(sentence, n, max_tokens, count):
             # Joining two pieces with a space adds no token for WordPiece/BPE tokenizers, so token
-            # counts add up; the final count is recomputed on the joined text below anyway.
+            # counts add up (counts_add_up); split_documents recounts the joined text otherwise.
             if cur and cur_n + size > max_tokens:
                 out.append((" ".join(cur), cur_n))
                 cur, cur_n = [], 0
