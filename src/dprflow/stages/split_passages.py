@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 
 from dprflow.cli import StageError, run_stage
-from dprflow.data.passages import split_documents
+from dprflow.data.passages import BatchCounter, split_documents
 from dprflow.data.schemas import TableWriter, iter_table
 from dprflow.model_init import load_tokenizer
 
@@ -34,7 +34,9 @@ class Args:
 def split(args: Args) -> None:
     # Streamed by batches of documents: one batch of documents and its passages in memory; every
     # document is cut on its own, so the table is the one a single whole-table call gives.
-    tokenizer = load_tokenizer(args.model)
+    # One counter for every batch: its word counts carry over (see BatchCounter).
+    tokenizer = BatchCounter(load_tokenizer(args.model))
+    log.info("token counts add up over words (each distinct word tokenized once): %s", tokenizer.additive)
     counts: dict[str, int] = {}
     tokens_sum = tokens_max = 0
     with TableWriter(args.out, "passages") as writer:

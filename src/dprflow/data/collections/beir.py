@@ -10,7 +10,9 @@ The layout (https://github.com/beir-cellar/beir)::
 
 :func:`load_beir` streams every file line by line and is strict: any input it cannot read
 unambiguously raises :class:`CollectionError`, whose message names the file, the 1-based line
-number, and what would fix it. The rules it applies:
+number, and what would fix it. The documents can go on to a table writer batch by batch
+(:class:`~dprflow.data.collections.Documents`), so memory holds one batch and the set of document
+ids, not the corpus; queries and qrels are small and stay in memory. The rules it applies:
 
 - Ids are strings. A JSON integer ``_id`` (some converters write ``{"_id": 12}``) is accepted and
   stored as its decimal string ``"12"``, so that it matches the qrels, which are text; any other
@@ -52,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dprflow.data.collections import Collection
+from dprflow.data.collections import Collection, Documents
 
 SPLITS = ("train", "dev", "test")
 UNJUDGED = "unjudged"
@@ -70,9 +72,7 @@ class CollectionError(ValueError):
 
 
 def build_collection(
-    doc_ids: list[str],
-    titles: list[str],
-    texts: list[str],
+    documents: Documents,
     query_ids: list[str],
     query_texts: list[str],
     query_split: dict[str, str],
@@ -84,11 +84,9 @@ def build_collection(
     ``query_split`` maps each judged query to its split; ``qrels`` maps each split (in
     :data:`SPLITS` order) to its (query_id, doc_id, relevance) columns. The caller has already
     checked ids, duplicates and that every qrel names a known document and query.
+    ``documents`` were added in read order; the collection holds them unless they were written.
     """
     counts = dict(counts or {})
-    documents = pd.DataFrame(
-        {"doc_id": doc_ids, "title": titles, "text": texts}, columns=["doc_id", "title", "text"]
-    )
     splits = [query_split.get(q, UNJUDGED) for q in query_ids]
     queries = pd.DataFrame({"query_id": query_ids, "text": query_texts, "split": splits})
     q_cols: list[str] = []
@@ -106,9 +104,7 @@ def build_collection(
     )
 
     counts["documents"] = len(documents)
-    counts["documents_empty"] = sum(
-        1 for t, x in zip(titles, texts, strict=True) if not t.strip() and not x.strip()
-    )
+    counts["documents_empty"] = documents.empty
     counts["queries"] = len(queries)
     counts["queries_empty"] = sum(1 for x in query_texts if not x.strip())
     counts["queries_unjudged"] = sum(1 for s in splits if s == UNJUDGED)
@@ -120,7 +116,7 @@ def build_collection(
     counts["qrels"] = len(qrels_df)
     counts["qrels_nonpositive"] = sum(1 for r in r_cols if r <= 0)
     counts.setdefault("qrels_duplicate", 0)
-    return Collection(documents=documents, queries=queries, qrels=qrels_df, counts=counts)
+    return Collection(documents=documents.table(), queries=queries, qrels=qrels_df, counts=counts)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -198,8 +194,14 @@ def _records(path: Path, kind: str) -> Iterator[tuple[int, str, str, str]]:
         yield lineno, rid, title, text
 
 
+def _first_line(path: Path, rid: str) -> int:
+    """The line of the first record of ``path`` whose id is ``rid`` (a duplicate's message)."""
+    kind = "document" if path.name == "corpus.jsonl" else "query"
+    return next(lineno for lineno, other, _, _ in _records(path, kind) if other == rid)
+
+
 def _read_qrels(
-    path: Path, doc_line: dict[str, int], query_line: dict[str, int], corpus: Path, queries: Path
+    path: Path, doc_ids: set[str], query_line: dict[str, int], corpus: Path, queries: Path
 ) -> tuple[list[str], list[str], list[int], dict[str, int], int]:
     """Read one qrels file; return its columns, {query_id: first line}, and the duplicate count."""
     q_col: list[str] = []
@@ -237,7 +239,7 @@ def _read_qrels(
             raise CollectionError(
                 f"{path}:{lineno}: score {score} does not fit in 32 bits; use a small integer grade"
             )
-        if did not in doc_line:
+        if did not in doc_ids:
             raise CollectionError(
                 f"{path}:{lineno}: corpus-id {did!r} is not in {corpus.name}; add the document to "
                 f"{corpus} or remove this judgment"
@@ -269,9 +271,11 @@ def _read_qrels(
     return q_col, d_col, r_col, first_line, duplicates
 
 
-def load_beir(folder: str | os.PathLike) -> Collection:
+def load_beir(folder: str | os.PathLike, documents: Documents | None = None) -> Collection:
     """Load a BEIR-layout folder into a :class:`Collection` (rules in the module docstring).
 
+    ``documents`` streams corpus.jsonl: each batch goes to its ``write`` and the collection comes
+    back with ``documents=None``; by default they are gathered into ``Collection.documents``.
     Raises :class:`CollectionError` naming the file and line of the first bad input.
     """
     folder = Path(folder)
@@ -293,21 +297,17 @@ def load_beir(folder: str | os.PathLike) -> Collection:
             f"(found {found or 'nothing'}); rename the judgment file(s) accordingly"
         )
 
-    doc_ids: list[str] = []
-    titles: list[str] = []
-    texts: list[str] = []
-    doc_line: dict[str, int] = {}
+    documents = Documents() if documents is None else documents
+    # Streamed: one batch and the ids in memory; a duplicate's first line is found again by
+    # reading the file up to it (a line number per id would cost 8.8M int objects).
     for lineno, did, title, text in _records(corpus, "document"):
-        if did in doc_line:
+        if did in documents.ids:
             raise CollectionError(
-                f"{corpus}:{lineno}: duplicate _id {did!r}, first at line {doc_line[did]}; "
+                f"{corpus}:{lineno}: duplicate _id {did!r}, first at line {_first_line(corpus, did)}; "
                 "give every document a unique _id (or drop the repeated line)"
             )
-        doc_line[did] = lineno
-        doc_ids.append(did)
-        titles.append(title)
-        texts.append(text)
-    if not doc_ids:
+        documents.add(did, title, text)
+    if not len(documents):
         raise CollectionError(f"{corpus}: no documents; the corpus needs at least one line")
 
     query_ids: list[str] = []
@@ -330,7 +330,9 @@ def load_beir(folder: str | os.PathLike) -> Collection:
     qrels: dict[str, tuple[list[str], list[str], list[int]]] = {}
     duplicates = 0
     for split, path in qrels_paths.items():
-        q_col, d_col, r_col, first_line, dups = _read_qrels(path, doc_line, query_line, corpus, queries_path)
+        q_col, d_col, r_col, first_line, dups = _read_qrels(
+            path, documents.ids, query_line, corpus, queries_path
+        )
         duplicates += dups
         for qid, lineno in first_line.items():
             if qid in query_split:
@@ -344,5 +346,5 @@ def load_beir(folder: str | os.PathLike) -> Collection:
         qrels[split] = (q_col, d_col, r_col)
 
     return build_collection(
-        doc_ids, titles, texts, query_ids, query_texts, query_split, qrels, {"qrels_duplicate": duplicates}
+        documents, query_ids, query_texts, query_split, qrels, {"qrels_duplicate": duplicates}
     )

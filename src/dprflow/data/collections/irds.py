@@ -37,7 +37,7 @@ import logging
 import typing
 from typing import Any
 
-from dprflow.data.collections import Collection
+from dprflow.data.collections import Collection, Documents
 from dprflow.data.collections.beir import SPLITS, CollectionError, build_collection
 
 log = logging.getLogger(__name__)
@@ -107,8 +107,13 @@ def _text(value: Any, field: str, where: str) -> str:
     return value
 
 
-def load_ir_datasets(dataset_id: str, splits: dict[str, str] | None = None) -> Collection:
+def load_ir_datasets(
+    dataset_id: str, splits: dict[str, str] | None = None, documents: Documents | None = None
+) -> Collection:
     """Load documents from ``dataset_id`` and each split's queries and qrels from ``splits``.
+
+    ``documents`` streams ``docs_iter()``: each batch goes to its ``write`` and the collection
+    comes back with ``documents=None``; by default they are gathered into ``Collection.documents``.
 
     ``splits`` maps a split name (train, dev, test) to an ir_datasets id with queries and qrels;
     without it, ``dataset_id`` is the only split (see the module docstring). Downloads happen
@@ -135,10 +140,8 @@ def load_ir_datasets(dataset_id: str, splits: dict[str, str] | None = None) -> C
             "(e.g. 'msmarco-passage') as dataset_id"
         )
     title_field, text_field = doc_fields(docs_ds.docs_cls())
-    doc_ids: list[str] = []
-    titles: list[str] = []
-    texts: list[str] = []
-    doc_index: set[str] = set()  # a set, not a dict of positions: msmarco-passage has 8.8M ids
+    documents = Documents() if documents is None else documents
+    doc_index = documents.ids  # a set, not a dict of positions: msmarco-passage has 8.8M ids
     for n, doc in enumerate(docs_ds.docs_iter(), start=1):
         where = f"ir_datasets {dataset_id!r} document {n}"
         did = str(doc.doc_id)
@@ -147,13 +150,11 @@ def load_ir_datasets(dataset_id: str, splits: dict[str, str] | None = None) -> C
                 f"{where}: duplicate doc_id {did!r} (seen in an earlier document); the dataset "
                 "is inconsistent: pick another ir_datasets id or report it to ir_datasets"
             )
-        doc_index.add(did)
-        doc_ids.append(did)
-        titles.append(_text(getattr(doc, title_field), title_field, where) if title_field else "")
-        texts.append(_text(getattr(doc, text_field), text_field, where))
-    if not doc_ids:
+        title = _text(getattr(doc, title_field), title_field, where) if title_field else ""
+        documents.add(did, title, _text(getattr(doc, text_field), text_field, where))
+    if not len(documents):
         raise CollectionError(f"ir_datasets {dataset_id!r}: no documents were read")
-    log.info("ir_datasets %s: %d documents", dataset_id, len(doc_ids))
+    log.info("ir_datasets %s: %d documents", dataset_id, len(documents))
 
     query_ids: list[str] = []
     query_texts: list[str] = []
@@ -245,7 +246,7 @@ def load_ir_datasets(dataset_id: str, splits: dict[str, str] | None = None) -> C
             counts["qrels_unknown_doc"],
             counts["qrels_unknown_query"],
         )
-    return build_collection(doc_ids, titles, texts, query_ids, query_texts, query_split, qrels, counts)
+    return build_collection(documents, query_ids, query_texts, query_split, qrels, counts)
 
 
 def download_failure(exc: BaseException, dataset_id: str) -> CollectionError | None:
