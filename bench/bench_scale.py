@@ -239,11 +239,26 @@ def snakemake(
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=workdir, timeout=timeout)
 
 
+def run_child(argv: list[str], cwd: Path) -> tuple[float, float]:
+    """Run a stage module in a child process: (wall seconds, its peak RSS in MB, from wait4)."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, *argv], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{' '.join(argv[:3])} failed in {cwd}:\n{out[-3000:]}")
+    return seconds, usage.ru_maxrss / 1024  # ru_maxrss is in KiB on Linux
+
+
 def run_compare(workdir: Path) -> tuple[float, float]:
     """The compare stage on the two evaluated systems, in a child whose peak RSS wait4 reports."""
     r = f"results/{COLLECTION}"
     argv = [
-        sys.executable, "-m", "dprflow.stages.compare",
+        "-m", "dprflow.stages.compare",
         "--metrics-files", f"{r}/bm25/metrics.parquet", f"{r}/none/zeroshot/metrics.parquet",
         "--results-dir", "results",
         "--encoder-files", f"{r}/none/zeroshot/encoder.json",
@@ -251,15 +266,7 @@ def run_compare(workdir: Path) -> tuple[float, float]:
         "--metrics", "RR@10", "R@1000", "nDCG@10",
         "--methods", "none", "--baseline", "bm25", "--splits", f"{COLLECTION}=test",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - t0
-    out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"compare failed in {workdir}:\n{out[-3000:]}")
-    return seconds, usage.ru_maxrss / 1024  # ru_maxrss is in KiB on Linux
+    return run_child(argv, workdir)
 
 
 def stage_label(tsv: Path, bench_root: Path) -> tuple[str, str]:
@@ -339,6 +346,52 @@ def run_size(work: Path, passages: int, documents: int | None, model: Path, shar
                 "max_rss_mb": round(rec["max_rss_mb"], 1),
             }
         )
+    return records
+
+
+# ---- PMI counting and merging, measured directly -----------------------------------------------
+
+
+def pmi_runs(work: Path, passages: list[int], max_distincts: list[int], shards: int) -> list[dict]:
+    """pmi_count and pmi run as stage modules on synthetic passages: per size, one whole-corpus
+    count for each ``max_distinct`` (a small one forces spills), then ``shards`` shard counts merged
+    by pmi with ``min_count`` 1 and 2. Each record holds the peak RSS and the table's distinct
+    n-grams, from which the memory model of docs/scale.md is fitted."""
+    import pyarrow.parquet as pq
+
+    records = []
+    for n in passages:
+        beir = work / "data" / f"passages-{n}"
+        write_beir(beir, n, 55, seed=SEED + n, with_queries=False)
+        folder = work / f"pmi-{n}"
+        folder.mkdir(parents=True, exist_ok=True)
+        corpus = ["--corpus", "jsonl", "--corpus-path", str(beir / "corpus.jsonl")]
+
+        def count(out: Path, max_distinct: int, shard: int, of: int) -> dict:
+            argv = ["-m", "dprflow.stages.pmi_count", *corpus, "--out", str(out)]
+            argv += ["--shard", str(shard), "--shards", str(of), "--max-distinct", str(max_distinct)]
+            argv += ["--spill-dir", str(folder / "spill")]
+            seconds, rss = run_child(argv, folder)
+            rec = {"stage": "pmi_count", "passages": n, "shards": of, "max_distinct": max_distinct}
+            rec |= {"seconds": round(seconds, 2), "max_rss_mb": round(rss, 1)}
+            return rec | {"distinct": pq.ParquetFile(out).metadata.num_rows}
+
+        for max_distinct in max_distincts:
+            records.append(count(folder / f"whole-{max_distinct}.parquet", max_distinct, 0, 1))
+            print(records[-1], flush=True)
+        parts = [folder / f"shard-{s}.parquet" for s in range(shards)]
+        for s, part in enumerate(parts):
+            records.append(count(part, max(max_distincts), s, shards))
+            print(records[-1], flush=True)
+        for min_count in (1, 2):
+            out = folder / f"merged-{min_count}.parquet"
+            argv = ["-m", "dprflow.stages.pmi", "--counts", *map(str, parts), "--out", str(out)]
+            argv += ["--min-count", str(min_count), "--spill-dir", str(folder / "spill")]
+            seconds, rss = run_child(argv, folder)
+            rec = {"stage": "pmi", "passages": n, "shards": shards, "min_count": min_count}
+            rec |= {"seconds": round(seconds, 2), "max_rss_mb": round(rss, 1)}
+            records.append(rec | {"distinct": pq.ParquetFile(out).metadata.num_rows})
+            print(records[-1], flush=True)
     return records
 
 
@@ -498,7 +551,22 @@ def main() -> None:
         action="store_true",
         help="keep the records of sizes not run now from an earlier scale.json",
     )
+    parser.add_argument(
+        "--pmi",
+        default="",
+        help="passage counts at which to measure pmi_count and pmi alone (results/bench/pmi_scale.json)",
+    )
+    parser.add_argument(
+        "--pmi-max-distinct",
+        default=f"{1 << 18},{1 << 25}",
+        help="pmi_count --max-distinct values of the --pmi runs",
+    )
     args = parser.parse_args()
+    if args.pmi:
+        work = Path(args.work)
+        records = pmi_runs(work, sizes(args.pmi), sizes(args.pmi_max_distinct), shards=2)
+        write_json(bench_dir() / "pmi_scale.json", {"machine": machine(), "records": records})
+        return
     passages = sizes(args.passages)
     documents = sizes(args.documents) or [None] * len(passages)
     if len(documents) != len(passages):
