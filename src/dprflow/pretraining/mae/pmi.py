@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import mmap
 import re
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -496,6 +497,15 @@ Run = tuple[np.ndarray, np.ndarray]  # (keys strictly increasing, counts); possi
 PART_SIZE = 1 << 20  # entries of the runs combined at once (a key range)
 
 
+def _release(arr: np.ndarray) -> None:
+    """Drop the pages of a memory-mapped run from this process's resident set (they stay in the
+    page cache and are read back on the next access): a run read key range by key range would
+    otherwise count whole in the peak RSS a scheduler sees."""
+    mapped = getattr(arr, "_mmap", None)
+    if mapped is not None and hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        mapped.madvise(mmap.MADV_DONTNEED)
+
+
 def _combine(runs: Sequence[Run], min_count: int = 1, part_size: int = PART_SIZE) -> Run:
     """Sum the counts of sorted runs into one run in memory (see :func:`_combine_parts`)."""
     runs = [r for r in runs if len(r[0])]
@@ -525,7 +535,9 @@ def _combine_parts(runs: Sequence[Run], min_count: int = 1, part_size: int = PAR
     if len(runs) == 1 and min_count <= 1:
         k, c = runs[0]
         for a in range(0, len(k), part_size):
-            yield np.array(k[a : a + part_size]), np.array(c[a : a + part_size])
+            part = np.array(k[a : a + part_size]), np.array(c[a : a + part_size])
+            _release(k), _release(c)
+            yield part
         return
     # Key ranges of ~part_size entries: quantiles of the largest run (few reads, even if mapped).
     parts = max(1, -(-total // part_size))
@@ -538,8 +550,9 @@ def _combine_parts(runs: Sequence[Run], min_count: int = 1, part_size: int = PAR
             a = int(np.searchsorted(k, lo)) if lo else 0
             b = int(np.searchsorted(k, hi)) if hi < (1 << 63) else len(k)
             if b > a:
-                ks.append(np.asarray(k[a:b]))
-                cs.append(np.asarray(c[a:b]))
+                ks.append(np.array(k[a:b]))
+                cs.append(np.array(c[a:b]))
+            _release(k), _release(c)
         if not ks:
             continue
         allk = np.concatenate(ks)
@@ -863,6 +876,7 @@ def _shard_runs(
                 if at == 0:
                     mn = batch.column("n").to_numpy().astype(np.int64)
                 at += len(k)
+                _release(mk), _release(mc)
             head = int(np.searchsorted(mk, 0))  # header rows sort first (negative keys)
             header = NgramCounts._from_arrays(
                 mn[:head], np.asarray(mk[:head]), np.asarray(mc[:head]), str(path)
@@ -872,10 +886,13 @@ def _shard_runs(
                     f"{path}: already pruned (min_count={header.min_count}); merge unpruned shards"
                 )
             ks = mk[head:]
-            if len(ks) > 1 and not bool(np.all(ks[1:] > ks[:-1])):
-                raise ValueError(
-                    f"{path}: n-gram keys are not strictly increasing; was it written by to_frame?"
-                )
+            for a in range(0, len(ks), read_rows):  # block by block, each block with the last key before it
+                block = np.array(ks[max(a - 1, 0) : a + read_rows])
+                _release(mk)
+                if len(block) > 1 and not bool(np.all(block[1:] > block[:-1])):
+                    raise ValueError(
+                        f"{path}: n-gram keys are not strictly increasing; was it written by to_frame?"
+                    )
             headers.append(header)
             runs.append((ks, mc[head:]))
         max_ns = {h.max_n for h in headers}
