@@ -856,7 +856,7 @@ def _shard_runs(
             path = Path(path)
             if not path.exists():
                 raise FileNotFoundError(f"{path}: no such table (expected an 'ngram_counts' table)")
-            pf = pq.ParquetFile(path)
+            pf = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering would read the whole file
             for f in target:
                 if f.name not in pf.schema_arrow.names or not pf.schema_arrow.field(f.name).type.equals(
                     f.type
