@@ -375,6 +375,29 @@ def run_size(
 # ---- PMI counting and merging, measured directly -----------------------------------------------
 
 
+def pmi_count_run(
+    folder: Path, corpus: Path, n: int, out: Path, max_distinct: int, shard: int, of: int
+) -> dict:
+    """One pmi_count job on ``corpus`` (jsonl), as a stage module: its record."""
+    import pyarrow.parquet as pq
+
+    argv = ["-m", "dprflow.stages.pmi_count", "--corpus", "jsonl", "--corpus-path", str(corpus)]
+    argv += [
+        "--out",
+        str(out),
+        "--shard",
+        str(shard),
+        "--shards",
+        str(of),
+        "--max-distinct",
+        str(max_distinct),
+    ]
+    seconds, rss = run_child([*argv, "--spill-dir", str(folder / "spill")], folder)
+    rec = {"stage": "pmi_count", "passages": n, "shards": of, "max_distinct": max_distinct}
+    rec |= {"seconds": round(seconds, 2), "max_rss_mb": round(rss, 1)}
+    return rec | {"distinct": pq.ParquetFile(out).metadata.num_rows}
+
+
 def pmi_runs(work: Path, passages: list[int], max_distincts: list[int], shards: int) -> list[dict]:
     """pmi_count and pmi run as stage modules on synthetic passages: per size, one whole-corpus
     count for each ``max_distinct`` (a small one forces spills), then ``shards`` shard counts merged
@@ -388,23 +411,14 @@ def pmi_runs(work: Path, passages: list[int], max_distincts: list[int], shards: 
         write_beir(beir, n, 55, seed=SEED + n, with_queries=False)
         folder = work / f"pmi-{n}"
         folder.mkdir(parents=True, exist_ok=True)
-        corpus = ["--corpus", "jsonl", "--corpus-path", str(beir / "corpus.jsonl")]
-
-        def count(out: Path, max_distinct: int, shard: int, of: int) -> dict:
-            argv = ["-m", "dprflow.stages.pmi_count", *corpus, "--out", str(out)]
-            argv += ["--shard", str(shard), "--shards", str(of), "--max-distinct", str(max_distinct)]
-            argv += ["--spill-dir", str(folder / "spill")]
-            seconds, rss = run_child(argv, folder)
-            rec = {"stage": "pmi_count", "passages": n, "shards": of, "max_distinct": max_distinct}
-            rec |= {"seconds": round(seconds, 2), "max_rss_mb": round(rss, 1)}
-            return rec | {"distinct": pq.ParquetFile(out).metadata.num_rows}
-
+        corpus = beir / "corpus.jsonl"
         for max_distinct in max_distincts:
-            records.append(count(folder / f"whole-{max_distinct}.parquet", max_distinct, 0, 1))
+            out = folder / f"whole-{max_distinct}.parquet"
+            records.append(pmi_count_run(folder, corpus, n, out, max_distinct, 0, 1))
             print(records[-1], flush=True)
         parts = [folder / f"shard-{s}.parquet" for s in range(shards)]
         for s, part in enumerate(parts):
-            records.append(count(part, max(max_distincts), s, shards))
+            records.append(pmi_count_run(folder, corpus, n, part, max(max_distincts), s, shards))
             print(records[-1], flush=True)
         for min_count in (1, 2):
             out = folder / f"merged-{min_count}.parquet"
@@ -423,8 +437,7 @@ def pmi_runs(work: Path, passages: list[int], max_distincts: list[int], shards: 
 
 def preset_dry_run(preset: Path, work: Path, *extra: str) -> tuple[float, dict[str, int], dict[str, dict]]:
     """``snakemake -n`` on a preset: (seconds, jobs per rule, per rule the largest mem_mb and runtime
-    its jobs declare and whether it is a local rule, run where Snakemake runs, not submitted). The
-    generic corpus file the preset names is created empty-ish for the run."""
+    its jobs declare). The generic corpus file the preset names is created empty-ish for the run."""
     folder = work / f"dag-{preset.stem}"
     folder.mkdir(parents=True, exist_ok=True)
     cfg = yaml.safe_load(preset.read_text())
@@ -447,10 +460,10 @@ def preset_dry_run(preset: Path, work: Path, *extra: str) -> tuple[float, dict[s
     resources: dict[str, dict] = {}
     rule = None
     for line in result.stdout.splitlines():
-        m = re.match(r"^(local)?rule (\w+):", line)
+        m = re.match(r"^(?:local)?rule (\w+):", line)
         if m:
-            rule = m.group(2)
-            resources.setdefault(rule, {"mem_mb": 0, "runtime": 0, "local": bool(m.group(1))})
+            rule = m.group(1)
+            resources.setdefault(rule, {"mem_mb": 0, "runtime": 0})
         elif line.strip().startswith("resources:") and rule:
             found = dict(re.findall(r"(mem_mb|runtime)=(\d+)", line))
             rec = resources[rule]
@@ -459,12 +472,22 @@ def preset_dry_run(preset: Path, work: Path, *extra: str) -> tuple[float, dict[s
     return seconds, jobs, resources
 
 
+def local_rules() -> set[str]:
+    """The Snakefile's ``localrules:``: rules run where Snakemake runs, never submitted."""
+    text = (ROOT / "Snakefile").read_text()
+    block = re.search(r"^localrules:\s*\n((?:[ \t]+\w+,?[ \t]*\n)+)", text, re.M)
+    if not block:
+        raise RuntimeError(f"{ROOT / 'Snakefile'}: no localrules: block found")
+    return set(re.findall(r"\w+", block.group(1)))
+
+
 def profile_resources(rule_resources: dict[str, dict]) -> dict[str, dict]:
     """Per rule the memory (MB) and runtime (min) a Slurm job gets: the profile's set-resources over
-    the rule's own declaration over the profile's default-resources."""
+    the rule's own declaration over the profile's default-resources; ``local`` for localrules."""
     profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
     default = profile.get("default-resources", {})
     rules = set(rule_resources) | set(profile.get("set-resources", {}))
+    local = local_rules()
     out = {}
     for rule in rules:
         own = rule_resources.get(rule, {})
@@ -472,11 +495,8 @@ def profile_resources(rule_resources: dict[str, dict]) -> dict[str, dict]:
         out[rule] = {
             "mem_mb": int(spec.get("mem_mb") or own.get("mem_mb") or default.get("mem_mb")),
             "runtime": int(spec.get("runtime") or own.get("runtime") or default.get("runtime")),
-            "local": bool(own.get("local")),
+            "local": rule in local,
         }
-    # compare is run by bench_scale.py itself, and is one of the Snakefile's localrules.
-    out.setdefault("compare", {"mem_mb": int(default.get("mem_mb")), "runtime": int(default.get("runtime"))})
-    out["compare"]["local"] = True
     return out
 
 
@@ -563,7 +583,9 @@ def summarise(
         else:
             x2 = size(last) / per_job
             seconds = last["seconds"] / per_job * target_job / x2
-        rss, model = project_memory([size(r) / per_job for r in rows], [r["max_rss_mb"] for r in rows], target_job)
+        rss, model = project_memory(
+            [size(r) / per_job for r in rows], [r["max_rss_mb"] for r in rows], target_job
+        )
         summary["msmarco_seconds"] = round(seconds, 1)
         summary["msmarco_max_rss_mb"] = round(rss, 1)
         summary["memory_model"] = model
@@ -577,7 +599,9 @@ def summarise(
         if given and given.get("local"):
             summary["fits_profile"] = "local"
         else:
-            summary["fits_profile"] = bool(given and rss <= given["mem_mb"] and seconds <= given["runtime"] * 60)
+            summary["fits_profile"] = bool(
+                given and rss <= given["mem_mb"] and seconds <= given["runtime"] * 60
+            )
         out.append(summary)
     return out
 
@@ -663,7 +687,7 @@ def main() -> None:
         dag[preset.stem] = {"seconds": round(s, 2), "jobs": sum(jobs.values()), "per_rule": jobs}
         for rule, res in declared.items():
             mine = rule_resources.setdefault(rule, {"mem_mb": 0, "runtime": 0})
-            for key in mine:
+            for key in ("mem_mb", "runtime"):
                 mine[key] = max(mine[key], res[key])
     last_run = work / f"run-{passages[-1]}-{documents[-1] or 0}"
     _, _, own = preset_dry_run(last_run / "config.yaml", work, "--forceall", *targets(args.stages))

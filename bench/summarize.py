@@ -54,17 +54,22 @@ def scale_table(payload: dict) -> str:
     records = payload["records"]
     sizes = sorted({r["passages"] for r in records})
     head = " | ".join(f"{n:,} s | {n:,} MB" for n in sizes)
+    documents = ", ".join(
+        f"{r['documents']:,}"
+        for r in sorted(
+            {r["passages"]: r for r in records if r["documents"]}.values(), key=lambda r: r["passages"]
+        )
+    )
     rows = [
         "\n## Scale: every stage from 10k passages up, projected to MS MARCO (bench/bench_scale.py)\n",
         f"Seconds and peak RSS (Snakemake's benchmark files) per stage at {', '.join(f'{n:,}' for n in sizes)} "
-        "passages (`doc:` stages and coCondenser's spans: the document variant, "
-        + ", ".join(
-            f"{r['documents']:,}"
-            for r in sorted(
-                {r["passages"]: r for r in records if r["documents"]}.values(), key=lambda r: r["passages"]
-            )
+        "passages"
+        + (
+            f" (`doc:` stages and coCondenser's spans: the document variant, {documents} documents)"
+            if documents
+            else ""
         )
-        + " documents), exponents between the two largest sizes, the projection to MS MARCO "
+        + ", exponents between the two largest sizes, the projection to MS MARCO "
         "(8.8M passages, 502k training queries, 3.2M documents) and the profile's memory and runtime "
         f"for the job. Load average during the runs: {'/'.join(f'{v:.1f}' for v in payload.get('load_average', []))}. "
         "Targets: time exponent <= 1.15; peak RSS at the largest size <= 4 GB except bm25_index "
@@ -85,7 +90,9 @@ def scale_table(payload: dict) -> str:
         # fits_profile "local": a localrule, run where Snakemake runs; no profile governs it
         ok = st["meets_time_exponent"] and st["meets_rss"] and st["fits_profile"]
         why = [k for k in ("meets_time_exponent", "meets_rss", "fits_profile") if not st[k]]
-        verdict = ("yes" if ok else "no: " + ", ".join(why)) + (" (local)" if st["fits_profile"] == "local" else "")
+        verdict = ("yes" if ok else "no: " + ", ".join(why)) + (
+            " (local)" if st["fits_profile"] == "local" else ""
+        )
         rows.append(
             f"| {st['stage']} | {' | '.join(cells)} | {fmt(st['time_exponent'])} | {fmt(st['memory_exponent'])} | "
             f"{fmt_big(st['msmarco_seconds'])} | {fmt_big(st['msmarco_max_rss_mb'])} | {fmt_big(st['profile_mem_mb'])} | "

@@ -456,7 +456,11 @@ def _header_frame(max_n: int, totals: np.ndarray, min_count: int) -> pd.DataFram
 
 def _rows_frame(keys: np.ndarray, counts: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame(
-        {"n": key_order(keys).astype(np.int32), "ngram": keys.astype(np.int64), "count": counts.astype(np.int64)}
+        {
+            "n": key_order(keys).astype(np.int32),
+            "ngram": keys.astype(np.int64),
+            "count": counts.astype(np.int64),
+        }
     )
 
 
