@@ -19,6 +19,12 @@ rules' own resources, read from the dry runs of the presets in config/presets/).
 It also times ``snakemake -n`` on every preset (job counts beside), the DAG at paper scale.
 
     python bench/bench_scale.py --passages 10000,40000,100000 --documents 1000,4000,10000
+
+``--stages`` (a regular expression over rule names and stage labels) runs and records only what it
+names, with the targets those stages need: the cheap data path at a larger size, merged with
+``--merge`` into the records of the other sizes, gives a third size for the memory projection
+(:func:`project_memory`). ``--pmi`` measures pmi_count and pmi alone, as stage modules, at several
+sizes and ``--max-distinct`` values (``results/bench/pmi_scale.json``).
 """
 
 from __future__ import annotations
