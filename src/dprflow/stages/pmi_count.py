@@ -36,7 +36,7 @@ class Args:
         default=1 << 25,
         metadata={
             "help": "distinct n-grams held in memory before spilling to disk: 16 bytes each (key and "
-            "count), up to 24 while runs are combined; peak RSS about 250 MB + 24 B x this"
+            "count), up to 24 while runs are combined; peak RSS about 290 MB + 24 B x this"
         },
     )
     spill_dir: str | None = field(default=None, metadata={"help": "folder for spilled runs (default: temp)"})
