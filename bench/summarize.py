@@ -54,21 +54,30 @@ def scale_table(payload: dict) -> str:
     records = payload["records"]
     sizes = sorted({r["passages"] for r in records})
     head = " | ".join(f"{n:,} s | {n:,} MB" for n in sizes)
+    documents = ", ".join(
+        f"{r['documents']:,}"
+        for r in sorted(
+            {r["passages"]: r for r in records if r["documents"]}.values(), key=lambda r: r["passages"]
+        )
+    )
     rows = [
         "\n## Scale: every stage from 10k passages up, projected to MS MARCO (bench/bench_scale.py)\n",
         f"Seconds and peak RSS (Snakemake's benchmark files) per stage at {', '.join(f'{n:,}' for n in sizes)} "
-        "passages (`doc:` stages and coCondenser's spans: the document variant, "
-        + ", ".join(
-            f"{r['documents']:,}"
-            for r in sorted(
-                {r["passages"]: r for r in records if r["documents"]}.values(), key=lambda r: r["passages"]
-            )
+        "passages"
+        + (
+            f" (`doc:` stages and coCondenser's spans: the document variant, {documents} documents)"
+            if documents
+            else ""
         )
-        + " documents), exponents between the two largest sizes, the projection to MS MARCO "
+        + ", exponents between the two largest sizes, the projection to MS MARCO "
         "(8.8M passages, 502k training queries, 3.2M documents) and the profile's memory and runtime "
         f"for the job. Load average during the runs: {'/'.join(f'{v:.1f}' for v in payload.get('load_average', []))}. "
         "Targets: time exponent <= 1.15; peak RSS at the largest size <= 4 GB except bm25_index "
-        "and search_dense; the projection within the profile.\n",
+        "and search_dense; the projection within the profile (`local`: a localrule, run where "
+        "Snakemake runs, which no profile governs). Memory is projected by the line through the two "
+        "largest sizes, or by their power law where it grows above linear or, with three sizes or "
+        "more, where its growth slowed by half or more (a bounded buffer): `memory_model` in "
+        "scale.json.\n",
         f"| stage | {head} | time exp. | mem exp. | MS MARCO s | MS MARCO MB | profile MB | profile min | on target |",
         "|---|" + "---|" * (2 * len(sizes)) + "---|---|---|---|---|---|---|",
     ]
@@ -78,12 +87,16 @@ def scale_table(payload: dict) -> str:
         for n in sizes:
             r = by.get((st["stage"], n))
             cells += [fmt(r["seconds"]) if r else "", fmt(r["max_rss_mb"]) if r else ""]
+        # fits_profile "local": a localrule, run where Snakemake runs; no profile governs it
         ok = st["meets_time_exponent"] and st["meets_rss"] and st["fits_profile"]
         why = [k for k in ("meets_time_exponent", "meets_rss", "fits_profile") if not st[k]]
+        verdict = ("yes" if ok else "no: " + ", ".join(why)) + (
+            " (local)" if st["fits_profile"] == "local" else ""
+        )
         rows.append(
             f"| {st['stage']} | {' | '.join(cells)} | {fmt(st['time_exponent'])} | {fmt(st['memory_exponent'])} | "
             f"{fmt_big(st['msmarco_seconds'])} | {fmt_big(st['msmarco_max_rss_mb'])} | {fmt_big(st['profile_mem_mb'])} | "
-            f"{fmt_big(st['profile_runtime_min'])} | {'yes' if ok else 'no: ' + ', '.join(why)} |"
+            f"{fmt_big(st['profile_runtime_min'])} | {verdict} |"
         )
     dry = payload.get("dry_runs") or {}
     if dry:
@@ -95,17 +108,35 @@ def scale_table(payload: dict) -> str:
     return "\n".join(rows)
 
 
+def pmi_table(payload: dict) -> str:
+    """bench_scale.py --pmi's results/bench/pmi_scale.json: pmi_count and pmi run alone."""
+    rows = [
+        "\n## PMI counting and merging at three sizes (bench/bench_scale.py --pmi)\n",
+        "| stage | passages | shards | max_distinct | min_count | distinct n-grams | s | peak MB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in payload["records"]:
+        rows.append(
+            f"| {r['stage']} | {fmt_big(r['passages'])} | {r['shards']} | {fmt_big(r.get('max_distinct'))} | "
+            f"{fmt(r.get('min_count'))} | {fmt_big(r['distinct'])} | {fmt(r['seconds'])} | {fmt_big(r['max_rss_mb'])} |"
+        )
+    return "\n".join(rows)
+
+
 def main() -> None:
     rows = [
         "| benchmark | value | unit | baseline | ratio | target | device |",
         "|---|---|---|---|---|---|---|",
     ]
     startup = []
-    scale = None
+    scale = pmi = None
     for path in sorted(bench_dir().glob("*.json")):
         r = json.loads(path.read_text())
         if path.name == "scale.json":
             scale = r
+            continue
+        if path.name == "pmi_scale.json":
+            pmi = r
             continue
         if r["name"].startswith("startup_"):
             startup.append(r)
@@ -116,6 +147,7 @@ def main() -> None:
         )
     table = "\n".join(rows) + ("\n" + startup_table(startup) if startup else "")
     table += "\n" + scale_table(scale) if scale else ""
+    table += "\n" + pmi_table(pmi) if pmi else ""
     print(table)
     header = (
         "# Latest benchmark figures\n\n"

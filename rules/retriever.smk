@@ -200,10 +200,21 @@ def encode_runtime(wildcards):
 
 
 def search_mem_mb(wildcards):
-    """The whole flat index is held at once (queries are searched in batches)."""
-    return int(
-        3000 + 1.5 * passages_estimate(wildcards.collection) * EMBED_BYTES / 2**20
-    )
+    """The whole flat index is held at once, or one shard of it with
+    finetune.search_shard_at_a_time (queries are searched in batches)."""
+    held = passages_estimate(wildcards.collection)
+    if FT["search_shard_at_a_time"]:
+        held /= FT["encode_shards"]
+    return int(3000 + 1.5 * held * EMBED_BYTES / 2**20)
+
+
+def search_flags(wildcards):
+    """The encoder's flags, and --shard-at-a-time where finetune.search_shard_at_a_time is set
+    (left out when not, so a default run's command line is the one before the key existed)."""
+    flags = encoder_flags(wildcards)
+    if FT["search_shard_at_a_time"]:
+        flags += " --shard-at-a-time true"
+    return flags
 
 
 def search_runtime(wildcards):
@@ -318,7 +329,7 @@ rule search_dense:
         runtime=search_runtime,
     params:
         fingerprint=init_fingerprint,
-        flags=encoder_flags,
+        flags=search_flags,
         eval_split=eval_split,
         train_split=train_split,
         depth=FT["search_depth"],
@@ -360,7 +371,7 @@ rule search_eval:
         runtime=search_runtime,
     params:
         fingerprint=init_fingerprint,
-        flags=encoder_flags,
+        flags=search_flags,
         eval_split=scored_eval_split,
         depth=FT["search_depth"],
         max_length=FT["max_query_length"],

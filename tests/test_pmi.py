@@ -8,6 +8,7 @@ from collections import Counter
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from dprflow.data import schemas
@@ -105,6 +106,35 @@ def test_shard_invariance_with_batches_spills_and_pruning(tmp_path):
     merged_ami = pmi.word_importance(texts[:50], pmi.merge(*shards))
     for a, b in zip(pmi.word_importance(texts[:50], whole), merged_ami, strict=True):
         assert np.array_equal(a, b)
+
+
+def test_streamed_tables_equal_the_in_memory_ones(tmp_path, monkeypatch):
+    """write_shard_counts / write_merged hold one key range, not the result: with tiny ranges and a
+    tiny in-memory budget (several spills) they write the table of count_shard / merge_files."""
+    monkeypatch.setattr(pmi._combine_parts, "__defaults__", (1, 40))
+    texts = TRICKY + random_texts(300, seed=3)
+    paths, shards = [], []
+    for i in range(2):
+        part = texts[i::2]
+        shards.append(pmi.count_shard(part, 4))
+        paths.append(tmp_path / f"shard{i}.parquet")
+        totals, distinct = pmi.write_shard_counts(
+            iter(part), paths[-1], 4, batch_chars=64, max_distinct=50, spill_dir=tmp_path / "spill"
+        )
+        table = schemas.read_table(paths[-1], "ngram_counts")
+        assert pmi.NgramCounts.from_frame(table).equals(shards[-1])
+        assert table.equals(shards[-1].to_frame())
+        assert np.array_equal(totals, shards[-1].totals)
+        assert np.array_equal(distinct, shards[-1].distinct()) and distinct[4] > 200
+        assert pq.ParquetFile(paths[-1]).metadata.num_row_groups > 10  # written range by range
+    assert list((tmp_path / "spill").iterdir()) == []
+    for min_count in (1, 2):
+        out = tmp_path / f"merged{min_count}.parquet"
+        totals, distinct = pmi.write_merged(paths, out, min_count=min_count, read_rows=30)
+        expected = pmi.merge(*shards, min_count=min_count)
+        assert pmi.NgramCounts.from_frame(schemas.read_table(out, "ngram_counts")).equals(expected)
+        assert np.array_equal(distinct, expected.distinct()) and np.array_equal(totals, expected.totals)
+    assert distinct[2] < pmi.merge(*shards).distinct()[2]  # min_count 2 pruned
 
 
 def test_frame_round_trip_and_merge_files(tmp_path, monkeypatch):

@@ -530,6 +530,21 @@ def test_embeddings_are_dropped_after_search_when_asked_and_faiss_folders_writte
     assert args.out.endswith("/faiss") and args.embeddings[0].endswith("embeddings/shard_0.parquet")
 
 
+def test_search_shard_at_a_time_reaches_every_dense_search(tmp_path):
+    row = "results/stdlib/none/zeroshot/run.parquet"
+    default = dry_run(tmp_path / "default", "finetune: {encode_shards: 2}\n", row)
+    on = dry_run(tmp_path / "on", "finetune: {encode_shards: 2, search_shard_at_a_time: true}\n")
+    for output, expected in ((default, False), (on, True)):
+        searches = [line for line in output.splitlines() if "dprflow.stages.search_dense" in line]
+        assert searches, output[-2000:]
+        for line in searches:
+            args = stage_args(line.split("Shell command: ")[-1])
+            assert args.shard_at_a_time is expected, line
+            assert [e.rsplit("/", 1)[-1] for e in args.embeddings] == ["shard_0.parquet", "shard_1.parquet"]
+    # both rules, the trained rows' search_dense and the zeroshot rows' search_eval
+    assert {"rule search_dense:", "rule search_eval:"} <= {line.strip() for line in on.splitlines()}
+
+
 def test_presets_drop_embeddings():
     from pathlib import Path
 

@@ -3,9 +3,10 @@
 The result (``ngram_counts`` Parquet: per-order totals and the count of every n-gram, n >= 2
 pruned below ``min_count`` once, here) is the compact table CDMAE's importance-aware masking reads:
 :func:`dprflow.pretraining.mae.pmi.token_importance` turns it into each token's AMI (CDMAE eq. 7-8) when a
-pre-training stage builds its batches. Merging copies each shard into memory-mapped arrays and
-combines them key range by key range (:func:`dprflow.pretraining.mae.pmi.merge_files`), so memory is bounded by
-the result, not by the shards.
+pre-training stage builds its batches. Merging copies each shard into memory-mapped arrays,
+combines them key range by key range and writes each range as it is done
+(:func:`dprflow.pretraining.mae.pmi.write_merged`), so memory is bounded by one key range of every
+shard, neither by the shards nor by the result.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import sys
 from dataclasses import dataclass, field
 
 from dprflow.cli import run_stage
-from dprflow.data.schemas import write_table
 from dprflow.pretraining.mae import pmi
 
 log = logging.getLogger("dprflow.pmi")
@@ -32,15 +32,16 @@ class Args:
 
 
 def merge(args: Args) -> None:
-    merged = pmi.merge_files(args.counts, min_count=args.min_count, spill_dir=args.spill_dir)
+    totals, distinct = pmi.write_merged(
+        args.counts, args.out, min_count=args.min_count, spill_dir=args.spill_dir
+    )
     log.info(
         "%d shard(s): n-gram occurrences per order %s; distinct kept per order %s (min_count %d)",
         len(args.counts),
-        merged.totals[1:].tolist(),
-        merged.distinct()[1:].tolist(),
+        totals[1:].tolist(),
+        distinct[1:].tolist(),
         args.min_count,
     )
-    write_table(merged.to_frame(), args.out, "ngram_counts")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,9 +2,11 @@
 
 CDMAE §3.2 estimates token importance from corpus n-gram statistics. The corpus (a collection's
 passages, or the generic corpus of stage one) is cut into ``shards`` contiguous ranges of texts;
-each shard is one job, counted by streaming (:func:`dprflow.pretraining.mae.pmi.count_shard`) with memory bounded
-by ``max_distinct``, not by the corpus. Stage ``pmi`` merges the shards; counts are never pruned
-here, so one shard or many give identical statistics.
+each shard is one job, counted by streaming and written key range by key range
+(:func:`dprflow.pretraining.mae.pmi.write_shard_counts`), so memory is bounded by ``max_distinct``
+(at most about 24 bytes each) and one batch of texts, not by the corpus or the shard's distinct
+n-grams. Stage ``pmi`` merges the shards; counts are never pruned here, so one shard or many give
+identical statistics.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import sys
 from dataclasses import dataclass, field
 
 from dprflow.cli import run_stage
-from dprflow.data.schemas import write_table
 from dprflow.pretraining.corpus import GENERIC_SOURCES, count_generic_texts, iter_generic_texts
 from dprflow.pretraining.mae import pmi
 
@@ -33,7 +34,10 @@ class Args:
     max_n: int = field(default=pmi.DEFAULT_MAX_N, metadata={"help": "largest n-gram order L (CDMAE: 4)"})
     max_distinct: int = field(
         default=1 << 25,
-        metadata={"help": "distinct n-grams held in memory before spilling to disk (16 bytes each)"},
+        metadata={
+            "help": "distinct n-grams held in memory before spilling to disk: 16 bytes each (key and "
+            "count), up to 24 while runs are combined; peak RSS about 290 MB + 24 B x this"
+        },
     )
     spill_dir: str | None = field(default=None, metadata={"help": "folder for spilled runs (default: temp)"})
 
@@ -53,7 +57,9 @@ def count(args: Args) -> None:
     n_texts = count_generic_texts(args.corpus, args.corpus_path)
     start, stop = shard_range(n_texts, args.shard, args.shards)
     texts = iter_generic_texts(args.corpus, args.corpus_path, start, stop)
-    counts = pmi.count_shard(texts, args.max_n, max_distinct=args.max_distinct, spill_dir=args.spill_dir)
+    totals, distinct = pmi.write_shard_counts(
+        texts, args.out, args.max_n, max_distinct=args.max_distinct, spill_dir=args.spill_dir
+    )
     log.info(
         "shard %d/%d: texts %d..%d of %d; n-gram occurrences per order %s; distinct %s",
         args.shard,
@@ -61,10 +67,9 @@ def count(args: Args) -> None:
         start,
         stop,
         n_texts,
-        counts.totals[1:].tolist(),
-        counts.distinct()[1:].tolist(),
+        totals[1:].tolist(),
+        distinct[1:].tolist(),
     )
-    write_table(counts.to_frame(), args.out, "ngram_counts")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,20 +56,26 @@ With ~1e9 distinct n-grams per order the expected number of colliding pairs is
 :func:`count_shard` streams texts in batches of ``batch_chars`` characters (~40 bytes of transient
 memory each); a batch's keys are sorted (order by order) and run-length counted into a sorted
 *run*. Runs stay in memory until they hold more than ``max_distinct`` entries in all; they are
-then combined, and the combined run is written to ``spill_dir`` as ``.npy`` files (and memory-
-mapped) if it still holds more than half of that. At the end all runs are combined key range by
-key range (~1M entries at a time), so peak memory is about ``16 B x max_distinct x 2`` plus the
-batch, plus the result. Counting is sort-based and linear in the corpus: a few million words per
-second on one core, ~10x a ``collections.Counter`` of n-gram tuples (``bench/bench_pmi.py``).
+then combined key range by key range (~1M entries at a time), and once more than half of that
+is combined the rest is written to ``spill_dir`` part by part (raw int64 files, memory-mapped
+back). At the end all runs are combined range by range. :func:`write_shard_counts` writes each
+range to the table as it is done, so its peak memory is about 24 B x ``max_distinct`` (16 bytes
+an entry, key and count, plus up to half the budget while combining) plus the batch, never the
+shard's result; :func:`count_shard` also holds the result. Pages of memory-mapped runs are
+dropped from the resident set after each range (:func:`_release`). Measured
+(``bench/bench_scale.py --pmi``, docs/scale.md): pmi_count peaks at about 290 MB + 24 B x
+``max_distinct`` from 20k to 320k passages (293 MB at 2^18, 1,068 MB at 2^25 for 29.7M distinct
+n-grams). Counting is sort-based and linear in the corpus: a few million words per second on
+one core, ~10x a ``collections.Counter`` of n-gram tuples (``bench/bench_pmi.py``).
 
 Counts are never pruned while counting, so counting one shard or many and merging (:func:`merge`,
-or :func:`merge_files` over saved shards, which combines memory-mapped copies range by range)
-gives identical statistics. Prune with ``min_count`` once, when merging at the end; unigrams are
-never pruned. A plan for MS MARCO: 16 shards of ~0.55M passages (~35M words, ~80M distinct
-n-grams each) counted in parallel, then ``merge_files(shards, min_count=2)``. The pruned result
-(n <= 4) should hold a few hundred million entries, a few GB, which :func:`word_importance` reads
-by binary search (a stage can compute token importance shard by shard). These sizes are
-estimates, not measurements.
+or :func:`merge_files` over saved shards, which combines memory-mapped copies range by range;
+:func:`write_merged` writes the ranges as they are done, holding none of the result) gives
+identical statistics. Prune with ``min_count`` once, when merging at the end; unigrams are never
+pruned. Distinct n-grams (n <= 4) grow like Heaps' law on synthetic 55-word passages (exponent
+0.91 with min_count 1, 0.97 with min_count 2, measured from 20k to 320k passages): about 610M
+(9.8 GB as keys and counts) for MS MARCO's 8.8M passages with min_count 1, 70M (1.1 GB) with
+min_count 2, which :func:`word_importance` reads by binary search.
 
 Example::
 
@@ -80,7 +86,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import mmap
 import re
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -401,16 +409,9 @@ class NgramCounts:
         Header rows come first (negative ``ngram``): ``(n, -1, T_n)`` for each order,
         ``(0, -2, min_count)`` and ``(0, -3, HASH_VERSION)``.
         """
-        orders = np.arange(1, self.max_n + 1)
-        head_n = np.concatenate([[0, 0], orders[::-1]])
-        head_k = np.concatenate([[_VERSION_ROW, _MIN_COUNT_ROW], np.full(self.max_n, _TOTAL_ROW)])
-        head_c = np.concatenate([[HASH_VERSION, self.min_count], self.totals[1:][::-1]])
-        return pd.DataFrame(
-            {
-                "n": np.concatenate([head_n, key_order(self.keys)]).astype(np.int32),
-                "ngram": np.concatenate([head_k, self.keys]).astype(np.int64),
-                "count": np.concatenate([head_c, self.counts]).astype(np.int64),
-            }
+        return pd.concat(
+            [_header_frame(self.max_n, self.totals, self.min_count), _rows_frame(self.keys, self.counts)],
+            ignore_index=True,
         )
 
     @classmethod
@@ -443,6 +444,49 @@ class NgramCounts:
         return cls(max_n, keys, counts, totals, min_count=header.get((0, _MIN_COUNT_ROW), 1))
 
 
+def _header_frame(max_n: int, totals: np.ndarray, min_count: int) -> pd.DataFrame:
+    """The header rows of an ``ngram_counts`` table (negative ``ngram``; see ``to_frame``)."""
+    orders = np.arange(1, max_n + 1)
+    return pd.DataFrame(
+        {
+            "n": np.concatenate([[0, 0], orders[::-1]]).astype(np.int32),
+            "ngram": np.concatenate([[_VERSION_ROW, _MIN_COUNT_ROW], np.full(max_n, _TOTAL_ROW)]).astype(
+                np.int64
+            ),
+            "count": np.concatenate([[HASH_VERSION, min_count], np.asarray(totals)[1:][::-1]]).astype(
+                np.int64
+            ),
+        }
+    )
+
+
+def _rows_frame(keys: np.ndarray, counts: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "n": key_order(keys).astype(np.int32),
+            "ngram": keys.astype(np.int64),
+            "count": counts.astype(np.int64),
+        }
+    )
+
+
+def write_counts(
+    path: str | Path, max_n: int, totals: np.ndarray, parts: Iterable[Run], min_count: int = 1
+) -> np.ndarray:
+    """Write an ``ngram_counts`` table from sorted parts of (keys, counts), one row group per part,
+    atomically, holding one part at a time; returns the distinct n-grams written per order. The
+    table is the one :meth:`NgramCounts.to_frame` of the concatenated parts gives."""
+    from dprflow.data.schemas import TableWriter
+
+    distinct = np.zeros(max_n + 1, dtype=np.int64)
+    with TableWriter(path, "ngram_counts") as writer:
+        writer.write(_header_frame(max_n, totals, min_count))
+        for keys, counts in parts:
+            writer.write(_rows_frame(keys, counts))
+            distinct += np.bincount(key_order(keys), minlength=max_n + 1)[: max_n + 1]
+    return distinct
+
+
 def _runlength(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distinct keys of a sorted array and how often each occurs."""
     if not len(sorted_keys):
@@ -460,31 +504,65 @@ def _runlength(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 Run = tuple[np.ndarray, np.ndarray]  # (keys strictly increasing, counts); possibly memory-mapped
 
 
-def _combine(runs: Sequence[Run], min_count: int = 1, part_size: int = 1 << 20) -> Run:
-    """Sum the counts of sorted runs, key range by key range (<= ~``part_size`` entries at once).
+PART_SIZE = 1 << 20  # entries of the runs combined at once (a key range)
+
+
+def _release(arr: np.ndarray) -> None:
+    """Drop the pages of a memory-mapped run from this process's resident set (they stay in the
+    page cache and are read back on the next access): a run read key range by key range would
+    otherwise count whole in the peak RSS a scheduler sees."""
+    mapped = getattr(arr, "_mmap", None)
+    if mapped is not None and hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        mapped.madvise(mmap.MADV_DONTNEED)
+
+
+def _combine(runs: Sequence[Run], min_count: int = 1, part_size: int = PART_SIZE) -> Run:
+    """Sum the counts of sorted runs into one run in memory (see :func:`_combine_parts`)."""
+    runs = [r for r in runs if len(r[0])]
+    if not runs:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    if len(runs) == 1 and min_count <= 1:
+        return np.asarray(runs[0][0]), np.asarray(runs[0][1])
+    out_k, out_c = [], []
+    for k, c in _combine_parts(runs, min_count, part_size):
+        out_k.append(k)
+        out_c.append(c)
+    if len(out_k) == 1:
+        return out_k[0], out_c[0]
+    return np.concatenate(out_k), np.concatenate(out_c)
+
+
+def _combine_parts(runs: Sequence[Run], min_count: int = 1, part_size: int = PART_SIZE) -> Iterator[Run]:
+    """Sum the counts of sorted runs, key range by key range (<= ~``part_size`` entries at once),
+    yielding each range's sorted (keys, counts), new arrays (never views of the runs).
 
     ``min_count`` prunes orders >= 2 (unigrams are always kept).
     """
     runs = [r for r in runs if len(r[0])]
     total = sum(len(r[0]) for r in runs)
     if not runs:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return
     if len(runs) == 1 and min_count <= 1:
-        return np.asarray(runs[0][0]), np.asarray(runs[0][1])
+        k, c = runs[0]
+        for a in range(0, len(k), part_size):
+            part = np.array(k[a : a + part_size]), np.array(c[a : a + part_size])
+            _release(k), _release(c)
+            yield part
+        return
     # Key ranges of ~part_size entries: quantiles of the largest run (few reads, even if mapped).
     parts = max(1, -(-total // part_size))
     biggest = max(runs, key=lambda r: len(r[0]))[0]
     cuts = np.unique(biggest[np.linspace(0, len(biggest) - 1, parts + 1).astype(np.int64)[1:-1]])
     bounds = [0, *(int(c) for c in cuts if c > 0), 1 << 63]
-    out_k, out_c = [], []
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
         ks, cs = [], []
         for k, c in runs:
             a = int(np.searchsorted(k, lo)) if lo else 0
             b = int(np.searchsorted(k, hi)) if hi < (1 << 63) else len(k)
             if b > a:
-                ks.append(np.asarray(k[a:b]))
-                cs.append(np.asarray(c[a:b]))
+                ks.append(np.array(k[a:b]))
+                cs.append(np.array(c[a:b]))
+            _release(k), _release(c)
         if not ks:
             continue
         allk = np.concatenate(ks)
@@ -500,15 +578,38 @@ def _combine(runs: Sequence[Run], min_count: int = 1, part_size: int = 1 << 20) 
         if min_count > 1:
             keep = (c >= min_count) | (key_order(k) == 1)
             k, c = k[keep], c[keep]
-        out_k.append(k)
-        out_c.append(c)
-    if len(out_k) == 1:
-        return out_k[0], out_c[0]
-    return np.concatenate(out_k), np.concatenate(out_c)
+        if len(k):
+            yield k, c
+
+
+class _SpillFile:
+    """A sorted run written part by part to two raw int64 files, read back memory-mapped."""
+
+    def __init__(self, folder: Path, stem: str):
+        self.paths = [folder / f"{stem}-{name}.i64" for name in ("keys", "counts")]
+        self.files = [open(p, "wb") for p in self.paths]
+        self.rows = 0
+
+    def write(self, run: Run) -> None:
+        for fh, arr in zip(self.files, run, strict=True):
+            np.ascontiguousarray(arr, dtype=np.int64).tofile(fh)
+        self.rows += len(run[0])
+
+    def close(self) -> Run:
+        for fh in self.files:
+            fh.close()
+        if not self.rows:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return tuple(np.memmap(p, dtype=np.int64, mode="r", shape=(self.rows,)) for p in self.paths)  # type: ignore[return-value]
 
 
 class _RunStore:
-    """Sorted runs kept in memory up to ``max_distinct`` entries, then spilled to ``.npy`` files."""
+    """Sorted runs kept in memory up to ``max_distinct`` entries, then spilled to disk.
+
+    Memory: the runs in memory (at most ``max_distinct`` entries plus the last batch's run) and,
+    while they are combined, at most ``max_distinct / 2`` combined entries plus one key range
+    before the combined run goes to disk part by part; 16 bytes an entry (key and count).
+    """
 
     def __init__(self, max_distinct: int, spill_dir: str | Path | None):
         if max_distinct < 1:
@@ -522,15 +623,31 @@ class _RunStore:
 
     def add(self, run: Run) -> None:
         self.memory.append(run)
-        if sum(len(k) for k, _ in self.memory) > self.max_distinct:
-            merged = _combine(self.memory)
-            if len(merged[0]) > self.max_distinct // 2:
-                self.spilled.append(self._spill(merged))
-                self.memory = []
-            else:
-                self.memory = [merged]
+        if sum(len(k) for k, _ in self.memory) <= self.max_distinct:
+            return
+        # Combine the runs; once more than half the budget is combined, the rest goes to disk
+        # part by part (the combined run is never held whole).
+        held: list[Run] = []
+        n_held = 0
+        spill: _SpillFile | None = None
+        for part in _combine_parts(self.memory):
+            if spill is not None:
+                spill.write(part)
+                continue
+            held.append(part)
+            n_held += len(part[0])
+            if n_held > self.max_distinct // 2:
+                spill = self._spill_file()
+                for done in held:
+                    spill.write(done)
+                held = []
+        self.memory = []
+        if spill is not None:
+            self.spilled.append(spill.close())
+        elif held:
+            self.memory = [(np.concatenate([k for k, _ in held]), np.concatenate([c for _, c in held]))]
 
-    def _spill(self, run: Run) -> Run:
+    def _spill_file(self) -> _SpillFile:
         if self.spill_dir is None:
             self._tmp = self._tmp or tempfile.TemporaryDirectory(prefix="dprflow-ngrams-")
             folder = Path(self._tmp.name)
@@ -538,22 +655,29 @@ class _RunStore:
             folder = Path(self.spill_dir)
             folder.mkdir(parents=True, exist_ok=True)
         self.n_spills += 1
-        paths = [folder / f"run{id(self):x}-{self.n_spills}-{name}.npy" for name in ("keys", "counts")]
-        for path, arr in zip(paths, run, strict=True):
-            np.save(path, arr)
-        return tuple(np.load(p, mmap_mode="r") for p in paths)  # type: ignore[return-value]
+        return _SpillFile(folder, f"run{id(self):x}-{self.n_spills}")
 
-    def finish(self, min_count: int = 1) -> Run:
+    def parts(self, min_count: int = 1) -> Iterator[Run]:
+        """The counts of every run, summed key range by key range; spill files removed at the end."""
         try:
-            keys, counts = _combine(self.spilled + self.memory, min_count)
-            return (np.array(keys), np.array(counts)) if self.spilled else (keys, counts)
+            yield from _combine_parts(self.spilled + self.memory, min_count)
         finally:
             self.memory, self.spilled = [], []
             if self._tmp is not None:
                 self._tmp.cleanup()
             elif self.spill_dir is not None:
-                for path in Path(self.spill_dir).glob(f"run{id(self):x}-*.npy"):
+                for path in Path(self.spill_dir).glob(f"run{id(self):x}-*.i64"):
                     path.unlink()
+
+    def finish(self, min_count: int = 1) -> Run:
+        if not self.spilled and len(self.memory) <= 1 and min_count <= 1:
+            run = self.memory[0] if self.memory else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+            self.memory = []
+            return run
+        parts = list(self.parts(min_count))
+        if not parts:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.concatenate([k for k, _ in parts]), np.concatenate([c for _, c in parts])
 
 
 def _batches(texts: Iterable[str], batch_chars: int) -> Iterator[list[str]]:
@@ -593,10 +717,35 @@ def count_shard(
         spill_dir: folder for spilled runs (removed when done); a temporary folder by default.
 
     Nothing is pruned here (see :func:`merge` for ``min_count``), so shards merge exactly.
+    The result is held in memory; :func:`write_shard_counts` writes it to a table instead.
     """
+    store = _RunStore(max_distinct, spill_dir)
+    totals = _count_into(store, texts, max_n, batch_chars)
+    keys, counts = store.finish()
+    return NgramCounts(max_n, keys, counts, totals)
+
+
+def write_shard_counts(
+    texts: Iterable[str],
+    path: str | Path,
+    max_n: int = DEFAULT_MAX_N,
+    *,
+    batch_chars: int = 1 << 22,
+    max_distinct: int = 1 << 25,
+    spill_dir: str | Path | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`count_shard` written to an ``ngram_counts`` table at ``path`` key range by key range,
+    so memory is bounded by ``max_distinct`` (about 24 bytes each at most: see :class:`_RunStore`)
+    and one batch, not by the shard's distinct n-grams. Returns (totals, distinct per order)."""
+    store = _RunStore(max_distinct, spill_dir)
+    totals = _count_into(store, texts, max_n, batch_chars)
+    return totals, write_counts(path, max_n, totals, store.parts())
+
+
+def _count_into(store: _RunStore, texts: Iterable[str], max_n: int, batch_chars: int) -> np.ndarray:
+    """Count the n-grams of ``texts`` batch by batch into ``store``; returns the totals ``T_n``."""
     if not 1 <= max_n <= MAX_ORDER:
         raise ValueError(f"max_n must be in 1..{MAX_ORDER}, got {max_n}")
-    store = _RunStore(max_distinct, spill_dir)
     totals = np.zeros(max_n + 1, dtype=np.int64)
     for batch in _batches(texts, batch_chars):
         # Pure-ASCII texts take split_words' fast path; the order of texts does not matter here.
@@ -636,8 +785,7 @@ def count_shard(
             run_c.append(c)
         if run_k:
             store.add((np.concatenate(run_k), np.concatenate(run_c)))
-    keys, counts = store.finish()
-    return NgramCounts(max_n, keys, counts, totals)
+    return totals
 
 
 def merge(*counts: NgramCounts, min_count: int = 1) -> NgramCounts:
@@ -669,8 +817,39 @@ def merge_files(
 
     Each file is copied, ``read_rows`` rows at a time, into memory-mapped ``.npy`` arrays under
     ``spill_dir`` (a temporary folder by default), then all are combined key range by key range;
-    only the (pruned) result is held in memory at the end.
+    only the (pruned) result is held in memory at the end (:func:`write_merged` holds none of it).
     """
+    with _shard_runs(paths, spill_dir, read_rows) as (runs, headers):
+        keys, cnt = _combine(runs, min_count)
+        keys, cnt = np.array(keys), np.array(cnt)
+        del runs
+    totals = np.sum([h.totals for h in headers], axis=0)
+    return NgramCounts(headers[0].max_n, keys, cnt, totals, min_count=min_count)
+
+
+def write_merged(
+    paths: Sequence[str | Path],
+    out: str | Path,
+    *,
+    min_count: int = 1,
+    spill_dir: str | Path | None = None,
+    read_rows: int = 1 << 20,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`merge_files` written to the ``ngram_counts`` table ``out`` key range by key range:
+    memory holds one range of every shard (about ``PART_SIZE`` entries), not the result. Returns
+    (totals, distinct n-grams kept per order)."""
+    with _shard_runs(paths, spill_dir, read_rows) as (runs, headers):
+        totals = np.sum([h.totals for h in headers], axis=0)
+        max_n = headers[0].max_n
+        return totals, write_counts(out, max_n, totals, _combine_parts(runs, min_count), min_count)
+
+
+@contextlib.contextmanager
+def _shard_runs(
+    paths: Sequence[str | Path], spill_dir: str | Path | None, read_rows: int
+) -> Iterator[tuple[list[Run], list[NgramCounts]]]:
+    """The shards' runs copied to memory-mapped arrays (removed on exit) and their header rows
+    (as empty NgramCounts), checked: schema, unpruned, sorted keys, one max_n."""
     import pyarrow.parquet as pq
 
     from dprflow.data import schemas
@@ -687,7 +866,7 @@ def merge_files(
             path = Path(path)
             if not path.exists():
                 raise FileNotFoundError(f"{path}: no such table (expected an 'ngram_counts' table)")
-            pf = pq.ParquetFile(path)
+            pf = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering would read the whole file
             for f in target:
                 if f.name not in pf.schema_arrow.names or not pf.schema_arrow.field(f.name).type.equals(
                     f.type
@@ -707,6 +886,7 @@ def merge_files(
                 if at == 0:
                     mn = batch.column("n").to_numpy().astype(np.int64)
                 at += len(k)
+                _release(mk), _release(mc)
             head = int(np.searchsorted(mk, 0))  # header rows sort first (negative keys)
             header = NgramCounts._from_arrays(
                 mn[:head], np.asarray(mk[:head]), np.asarray(mc[:head]), str(path)
@@ -716,10 +896,13 @@ def merge_files(
                     f"{path}: already pruned (min_count={header.min_count}); merge unpruned shards"
                 )
             ks = mk[head:]
-            if len(ks) > 1 and not bool(np.all(ks[1:] > ks[:-1])):
-                raise ValueError(
-                    f"{path}: n-gram keys are not strictly increasing; was it written by to_frame?"
-                )
+            for a in range(0, len(ks), read_rows):  # block by block, each block with the last key before it
+                block = np.array(ks[max(a - 1, 0) : a + read_rows])
+                _release(mk)
+                if len(block) > 1 and not bool(np.all(block[1:] > block[:-1])):
+                    raise ValueError(
+                        f"{path}: n-gram keys are not strictly increasing; was it written by to_frame?"
+                    )
             headers.append(header)
             runs.append((ks, mc[head:]))
         max_ns = {h.max_n for h in headers}
@@ -727,11 +910,8 @@ def merge_files(
             raise ValueError(
                 f"cannot merge counts of different max_n: {sorted(max_ns)} in {list(map(str, paths))}"
             )
-        keys, cnt = _combine(runs, min_count)
-        keys, cnt = np.array(keys), np.array(cnt)
-        del runs, mk, mc
-    totals = np.sum([h.totals for h in headers], axis=0)
-    return NgramCounts(headers[0].max_n, keys, cnt, totals, min_count=min_count)
+        del mk, mc
+        yield runs, headers
 
 
 # --------------------------------------------------------------------------------------------
