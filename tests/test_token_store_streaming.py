@@ -13,7 +13,7 @@ from test_token_store import SEED, assert_same_batches, data, reference_cotmae_t
 
 from dprflow.cli import StageError
 from dprflow.data.schemas import read_table, write_table
-from dprflow.data.token_store import TokenStore
+from dprflow.data.token_store import TokenStore, TokenStoreWriter
 from dprflow.pretraining import corpus
 from dprflow.pretraining.condenser.data import mlm_batch
 from dprflow.pretraining.mae.data import cotmae_documents, mae_batch, pair_mae_batch, store_cotmae_documents
@@ -107,3 +107,22 @@ def test_id_index_finds_rows_and_only_known_ids():
     probe = pa.array(["a#1", "ccc#12", "zz", "ccc#123", "é#0", "", "a#0", "b#1"])
     assert index.rows(probe).tolist() == [3, 2, -1, -1, 4, -1, 1, 0]
     assert query_context.IdIndex(pa.array([], pa.string())).rows(pa.array(["a"])).tolist() == [-1]
+
+
+def test_writer_extend_writes_what_add_writes(tok, tmp_path):  # noqa: F811
+    docs = [[5, 6, 7], [], [9, 65535], [1]]
+    with TokenStoreWriter(tmp_path / "one", tok, "texts") as one:
+        for ids in docs:
+            one.add(ids)
+    with TokenStoreWriter(tmp_path / "many", tok, "texts") as many:
+        many.extend(docs[:2])
+        many.extend([])
+        many.extend(docs[2:])
+    assert many.store.offsets.tolist() == one.store.offsets.tolist() == [0, 3, 3, 5, 6]
+    assert many.store.tokens.tolist() == one.store.tokens.tolist()
+    assert many.store.meta["documents"] == 4 and many.store.meta["tokens"] == 6
+    with (
+        pytest.raises(ValueError, match="outside 0..65535"),
+        TokenStoreWriter(tmp_path / "x", tok, "texts") as w,
+    ):
+        w.extend([[1], [70000]])

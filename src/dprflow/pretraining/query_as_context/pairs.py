@@ -220,11 +220,11 @@ def _store_items(
             )["input_ids"]
             rows, qi = rows[~blank], qi[~blank]
             # a candidate is a non-empty query of a passage with a non-empty text (the in-memory rule)
-            passage_lengths = store.offsets[rows + 1] - store.offsets[rows]
-            for ids, row, q, n in zip(encoded, rows, qi, passage_lengths, strict=True):
-                if ids and n > 0:
-                    writer.add(ids)
-                    keys.append(int(row) << QUERY_INDEX_BITS | int(q))
+            keep = (np.fromiter(map(len, encoded), np.int64, len(encoded)) > 0) & (
+                store.offsets[rows + 1] - store.offsets[rows] > 0
+            )
+            writer.extend([ids for ids, k in zip(encoded, keep, strict=True) if k])
+            keys.frombytes((rows[keep] << QUERY_INDEX_BITS | qi[keep]).astype(np.int64).tobytes())
         if unknown:
             raise StageError(
                 f"{queries_path}: {len(unknown)} passage ids not in {passages_path}, e.g. {sorted(unknown)[:3]}"
