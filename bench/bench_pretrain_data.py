@@ -8,7 +8,8 @@ For each size it writes a synthetic collection (MS MARCO-like passages of about 
 Zipf-distributed words of the tokenizer's vocabulary, 1-4 passages per document, documents in
 random ``doc_id`` order; 3 generated queries of 6 words per passage) and runs each pre-training
 stage for one optimizer step on a tiny random BERT (2 layers, 32 dimensions; the model costs
-next to nothing, so the figures are the data path: reading, tokenizing, cutting the first batch)
+next to nothing, so the figures are the data path: reading, tokenizing, cutting the first batch;
+the MAE stages step in sub-batches of 2 rows, ``--chunk-size 2``, for the same reason)
 in a fresh process with ``PYTHONPATH=--src``, so the same script measures the code before the
 token store (``--src /work/main/src``) and after. The stages tokenize their corpus themselves
 (no ``--tokens``): the same work before and after.
@@ -151,6 +152,10 @@ def stage_argv(stage: str, data: Path, init: Path, condenser: Path, work: Path) 
                                        *out, *common]  # fmt: skip
     if stage in ("bmae", "cotmae", "qac-cotmae"):
         extra = ["--queries", str(data / "generated.parquet")] if stage == "qac-cotmae" else []
+        # sub-batches of 2 rows: the MLM logits of a whole batch's masked tokens over the 30,522-id
+        # vocabulary (about 300 MB for CoT-MAE's 16 rows) vary with the first batch's lengths and
+        # would hide the data path (the same gradient, docs/scale.md)
+        extra += ["--chunk-size", "2"]
         return "pretrain_mae", ["--variant", stage.removeprefix("qac-"), "--init", str(init), "--corpus",
                                 "passages", "--corpus-path", passages, "--batch-size", "8", *extra,
                                 *out, *common]  # fmt: skip

@@ -29,6 +29,7 @@ table in file order, and the pre-training methods order them by ``doc_id``).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -179,10 +180,8 @@ class TokenStoreWriter:
     ) -> None:
         """Append one document: its token ids, optionally its sentence starts ``[m + 1]`` (token
         offsets inside the document, the last one its length) and per-token importance."""
-        ids = np.asarray(ids)
-        if len(ids) and (ids.min() < 0 or ids.max() > np.iinfo(self.dtype).max):
-            raise ValueError(f"token ids outside 0..{np.iinfo(self.dtype).max}")
-        self.files["tokens"].write(ids.astype(self.dtype, copy=False).tobytes())
+        ids = self._stored(np.asarray(ids))
+        self.files["tokens"].write(ids.tobytes())
         if sentences is not None:
             starts = np.asarray(sentences[:-1], dtype=INDEX_DTYPE) + self.n_tokens
             self._file("sentences").write(starts.tobytes())
@@ -197,6 +196,23 @@ class TokenStoreWriter:
         self.n_tokens += len(ids)
         self.n_documents += 1
         self.files["offsets"].write(np.asarray([self.n_tokens], INDEX_DTYPE).tobytes())
+
+    def _stored(self, ids: np.ndarray) -> np.ndarray:
+        """``ids`` in the store's dtype, checked to fit it."""
+        if len(ids) and (ids.min() < 0 or ids.max() > np.iinfo(self.dtype).max):
+            raise ValueError(f"token ids outside 0..{np.iinfo(self.dtype).max}")
+        return ids.astype(self.dtype, copy=False)
+
+    def extend(self, docs: Sequence[Sequence[int]]) -> None:
+        """Append several documents (token ids only, no sentences or importance), one write per file."""
+        if "sentences" in self.files or "importance" in self.files:
+            raise ValueError(f"{self.path}: documents with sentences or importance are added one by one")
+        lengths = np.fromiter((len(d) for d in docs), dtype=INDEX_DTYPE, count=len(docs))
+        ids = np.fromiter(itertools.chain.from_iterable(docs), dtype=np.int64, count=int(lengths.sum()))
+        self.files["tokens"].write(self._stored(ids).tobytes())
+        self.files["offsets"].write((self.n_tokens + np.cumsum(lengths)).tobytes())
+        self.n_tokens += len(ids)
+        self.n_documents += len(docs)
 
     def close(self, counts: dict[str, int] | None = None) -> TokenStore:
         """Finish the store: end the sentence array, write ``meta.json``, rename onto ``path``."""

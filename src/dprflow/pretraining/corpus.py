@@ -124,23 +124,24 @@ def count_generic_texts(source: str, path: str | None = None) -> int:
 
 
 def passage_batches(
-    path: str | Path, columns: list[str], rows: int = 8192, skip_rows: int = 0
+    path: str | Path, columns: list[str], rows: int = 8192, skip_rows: int = 0, table: str = "passages"
 ) -> Iterator[pd.DataFrame]:
-    """``columns`` of a passages table, ``rows`` at a time, in table order (checked against the
-    schema the way :func:`dprflow.data.schemas.read_table` checks it), from the row group that
-    starts at ``skip_rows`` (a row group boundary)."""
+    """``columns`` of a passages table (or another ``table`` of :mod:`dprflow.data.schemas`),
+    ``rows`` at a time, in table order (checked against the schema the way
+    :func:`dprflow.data.schemas.read_table` checks it), from the row group that starts at
+    ``skip_rows`` (a row group boundary)."""
     import pyarrow.parquet as pq
 
     from dprflow.data.schemas import SchemaError, schema
 
     if not Path(path).exists():
-        raise FileNotFoundError(f"{path}: no such table (expected a 'passages' table)")
-    target = schema("passages")
+        raise FileNotFoundError(f"{path}: no such table (expected a {table!r} table)")
+    target = schema(table)
     parquet = pq.ParquetFile(path)
     for name in columns:
         if name not in parquet.schema_arrow.names:
             raise SchemaError(
-                f"{path}: table 'passages' lacks column {name!r}; has {parquet.schema_arrow.names}"
+                f"{path}: table {table!r} lacks column {name!r}; has {parquet.schema_arrow.names}"
             )
         if not pa_string_like(parquet.schema_arrow.field(name).type, target.field(name).type):
             raise SchemaError(f"{path}: column {name!r} has type {parquet.schema_arrow.field(name).type}")
@@ -376,8 +377,9 @@ def store_documents(store, min_length: int, where: str):
 @contextlib.contextmanager
 def scratch_dir(out: str | Path) -> Iterator[str]:
     """A folder beside a stage's output for a store it tokenizes itself, removed on exit. It is
-    made only when a view is tokenized (:func:`open_or_tokenize`): a stage given ``--tokens``, or
-    one that stops before reading its corpus (the memory check), leaves nothing on disk."""
+    made only when something is written there (a view tokenized by :func:`open_or_tokenize`,
+    CoT-MAE's spans, query-as-context's query store): a stage that stops before reading its
+    corpus (the memory check) leaves nothing on disk."""
     out = Path(out)
     path = out.parent / f".{out.name}.{os.getpid()}.tokens"
     try:

@@ -116,7 +116,13 @@ def training_items(args: Args, tokenizer, scratch: str) -> tuple[list, dict[str,
     if args.queries:
         store = open_or_tokenize(args.tokens, "passages", tokenizer, scratch, args.passages)
         return query_context.read_items(
-            args.passages, args.queries, tokenizer, args.max_passage_tokens, args.max_query_tokens, store
+            args.passages,
+            args.queries,
+            tokenizer,
+            args.max_passage_tokens,
+            args.max_query_tokens,
+            store,
+            scratch,
         )
     store = open_or_tokenize(args.tokens, "documents", tokenizer, scratch, args.passages)
     return store_documents(store, args.span_min, args.passages)

@@ -166,7 +166,13 @@ def training_items(args: Args, tokenizer, scratch: str) -> tuple[list, dict[str,
     if args.queries:
         store = open_or_tokenize(args.tokens, view, tokenizer, scratch, args.corpus_path)
         items, counts = query_context.read_items(
-            args.corpus_path, args.queries, tokenizer, args.max_length - 2, args.max_query_tokens, store
+            args.corpus_path,
+            args.queries,
+            tokenizer,
+            args.max_length - 2,
+            args.max_query_tokens,
+            store,
+            scratch,
         )
         if len(items) < args.batch_size:
             raise StageError(
@@ -181,7 +187,7 @@ def training_items(args: Args, tokenizer, scratch: str) -> tuple[list, dict[str,
     if args.variant == "cotmae":
         # Cut once with the stage's seed, as CoT-MAE cuts its corpus once before training.
         rng = np.random.default_rng([args.seed, 2208_07670])
-        items, counts = store_cotmae_documents(store, rng, args.span_min, args.span_max)
+        items, counts = store_cotmae_documents(store, rng, args.span_min, args.span_max, scratch)
     else:
         counts = {"texts": len(store)}
         items, dropped = store_chunks(store, args.max_length - 2)

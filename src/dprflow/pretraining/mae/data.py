@@ -38,6 +38,7 @@ BERT's 80/10/10 replacement. Every draw comes from the batch's own generator (re
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -195,7 +196,7 @@ def store_chunks(store, length: int, min_length: int = 8):
 class CotDocuments(Sequence):
     """CoT-MAE documents of a token store with sentence cuts (:func:`store_cotmae_documents`):
     item ``i`` is the :class:`CotDocument` of store document ``docs[i]``, its spans
-    ``spans[span_offsets[i]:span_offsets[i + 1]]``."""
+    ``spans[span_offsets[i]:span_offsets[i + 1]]`` (a memory map)."""
 
     def __init__(self, store, docs: np.ndarray, spans: np.ndarray, span_offsets: np.ndarray) -> None:
         self.store, self.docs, self.spans, self.span_offsets = store, docs, spans, span_offsets
@@ -213,32 +214,45 @@ class CotDocuments(Sequence):
 
 
 def store_cotmae_documents(
-    store, rng: np.random.Generator, span_min: int, span_max: int
+    store, rng: np.random.Generator, span_min: int, span_max: int, scratch=None, block: int = 1 << 16
 ) -> tuple[CotDocuments, dict[str, int]]:
     """:func:`cotmae_documents` of a token store written with sentence cuts: the same spans (the
-    same generator draws, document by document), kept as flat arrays, never as Python lists."""
+    same generator draws, document by document). The sentence cuts are read ``block`` documents
+    at a time from the memory map, and the spans (about one per ``span_max`` tokens) are written
+    to an unnamed temporary file in ``scratch`` (default: the system's) and memory-mapped: what
+    stays resident is 16 bytes per kept document (its store index and its first span)."""
     import array
+    import tempfile
 
     if store.sentences is None:
         raise ValueError(f"{store.path}: CoT-MAE needs a token store with sentence cuts (a *-sentences view)")
-    sentence_lengths = np.diff(np.asarray(store.sentences))  # the last sentence ends at the next start
-    kept, spans, span_offsets = array.array("q"), array.array("q"), array.array("q", [0])
-    for d in range(len(store)):
-        first, last = int(store.doc_sentences[d]), int(store.doc_sentences[d + 1])
-        cut = segment_spans(rng, sentence_lengths[first:last], span_min, span_max)
-        if len(cut) < 3:
-            continue
-        kept.append(d)
-        spans.extend(cut.tolist())
-        span_offsets.append(len(spans))
+    if scratch is not None:
+        os.makedirs(scratch, exist_ok=True)
+    kept, span_offsets, pending = array.array("q"), array.array("q", [0]), array.array("q")
+    n_spans = 0
+    with tempfile.TemporaryFile(dir=scratch) as fh:
+        for b in range(0, len(store), block):
+            firsts = np.asarray(store.doc_sentences[b : min(b + block, len(store)) + 1])
+            # the last sentence of a document ends where the next one starts (the array's last entry: n)
+            lengths = np.diff(np.asarray(store.sentences[firsts[0] : firsts[-1] + 1]))
+            firsts = firsts - firsts[0]
+            for j in range(len(firsts) - 1):
+                cut = segment_spans(rng, lengths[firsts[j] : firsts[j + 1]], span_min, span_max)
+                if len(cut) < 3:
+                    continue
+                kept.append(b + j)
+                pending.extend(cut.tolist())
+                n_spans += len(cut)
+                span_offsets.append(n_spans)
+            fh.write(pending.tobytes())
+            del pending[:]
+        fh.flush()
+        spans = np.memmap(fh, np.int64, mode="r") if n_spans else np.zeros(0, np.int64)
     n = len(store)
     counts = {"documents": n, "documents_with_fewer_than_two_spans_skipped": n - len(kept)}
     counts["training_documents"] = len(kept)
     return CotDocuments(
-        store,
-        np.frombuffer(kept, np.int64),
-        np.frombuffer(spans, np.int64),
-        np.frombuffer(span_offsets, np.int64),
+        store, np.frombuffer(kept, np.int64), spans, np.frombuffer(span_offsets, np.int64)
     ), counts
 
 

@@ -13,14 +13,19 @@ are skipped and counted.
 
 With a token store of the passages (view ``passages``, :mod:`dprflow.data.token_store`) the items
 are :class:`QacItems`: a passage's tokens are read from the store when its batch is built, and the
-queries' tokens sit in one flat array; the same items, in the same order, as the in-memory path.
+generated queries are tokenized once into a token store of their own (streamed, memory-mapped);
+the same items, in the same order, as the in-memory path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import shutil
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -48,24 +53,53 @@ def candidate_index(passage_id: str, epoch: int, n_candidates: int, seed: int) -
 
 class QacItems(Sequence):
     """Query-as-context items read lazily: passage ``rows[i]`` of the store, cut to ``max_tokens``,
-    its id ``passage_ids[i]`` (an Arrow string array), with queries ``first[i]..first[i + 1] - 1``
-    (their tokens ``query_tokens[query_offsets[q]:query_offsets[q + 1]]``)."""
+    its id ``passage_ids[i]`` (an Arrow string array), with the queries ``first[i]..first[i + 1] - 1``
+    of ``queries`` (a token store of the generated queries, ordered by passage and query index)."""
 
-    def __init__(self, store, rows, max_tokens, passage_ids, query_tokens, query_offsets, first) -> None:
+    def __init__(self, store, rows, max_tokens, passage_ids, queries, first) -> None:
         self.store, self.rows, self.max_tokens = store, rows, max_tokens
-        self.passage_ids, self.query_tokens = passage_ids, query_tokens
-        self.query_offsets, self.first = query_offsets, first
+        self.passage_ids, self.queries, self.first = passage_ids, queries, first
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __getitem__(self, i: int) -> QacItem:
         ids = self.store[int(self.rows[i])][: self.max_tokens]
-        bounds = self.query_offsets[self.first[i] : self.first[i + 1] + 1]
-        queries = tuple(
-            self.query_tokens[a:b].astype(np.int64) for a, b in zip(bounds[:-1], bounds[1:], strict=True)
-        )
+        queries = tuple(self.queries[q] for q in range(int(self.first[i]), int(self.first[i + 1])))
         return QacItem(self.passage_ids[i].as_py(), ids, queries)
+
+
+class IdIndex:
+    """The row of each id of an Arrow string array, by binary search over the ids as fixed-width
+    bytes sorted once: the ids' bytes (padded to the longest) plus 8 bytes an id, never a Python
+    object per id (a hash set of 8.8M MS MARCO passage ids takes seconds to build per lookup)."""
+
+    def __init__(self, ids, block: int = 1 << 16) -> None:
+        import pyarrow.compute as pc
+
+        self.width = max(1, int(pc.max(pc.binary_length(ids)).as_py() or 0)) if len(ids) else 1
+        keys = self._bytes(ids, block)
+        self.order = np.argsort(keys, kind="stable")
+        self.sorted = keys[self.order]
+
+    def _bytes(self, ids, block: int = 1 << 16) -> np.ndarray:
+        import pyarrow as pa
+
+        out = np.empty(len(ids), dtype=f"S{self.width}")
+        for start in range(0, len(ids), block):
+            out[start : start + block] = ids.slice(start, block).cast(pa.binary()).to_pylist()
+        return out
+
+    def rows(self, ids) -> np.ndarray:
+        """The row of each of ``ids`` (an Arrow string array), -1 for an id not in the index."""
+        import pyarrow.compute as pc
+
+        if not len(self.sorted):
+            return np.full(len(ids), -1, dtype=np.int64)
+        fits = pc.less_equal(pc.binary_length(ids), self.width).to_numpy(zero_copy_only=False)
+        keys = self._bytes(ids)  # ids longer than the longest indexed one are cut, and not found
+        at = np.minimum(np.searchsorted(self.sorted, keys), len(self.sorted) - 1)
+        return np.where(fits & (self.sorted[at] == keys), self.order[at], -1)
 
 
 def read_items(
@@ -75,13 +109,28 @@ def read_items(
     max_passage_tokens: int,
     max_query_tokens: int,
     store=None,
+    scratch: str | Path | None = None,
+    batch: int = 4096,
 ) -> tuple[list[QacItem], dict[str, int]]:
     """Tokenized (passage, candidate queries) items, in passage order, and the counts of what was
-    kept; with ``store`` (the passages' token store, view ``passages``) lazy :class:`QacItems`."""
+    kept; with ``store`` (the passages' token store, view ``passages``) lazy :class:`QacItems`,
+    the generated queries tokenized into a token store in ``scratch`` (a folder the caller removes
+    when training ends; default: a temporary folder removed once the store is open, its memory
+    maps staying valid), ``batch`` generated queries read and tokenized at a time."""
     if store is not None:
-        return _store_items(
-            passages_path, queries_path, tokenizer, max_passage_tokens, max_query_tokens, store
-        )
+        with contextlib.ExitStack() as stack:
+            if scratch is None:
+                scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="qac-queries."))
+            return _store_items(
+                passages_path,
+                queries_path,
+                tokenizer,
+                max_passage_tokens,
+                max_query_tokens,
+                store,
+                scratch,
+                batch,
+            )
     passages = read_table(passages_path, "passages")
     generated = read_table(queries_path, "generated_queries")
     unknown = sorted(set(generated["passage_id"]) - set(passages["passage_id"]))
@@ -125,53 +174,79 @@ def _counts(
     return counts
 
 
+# query_index is packed under the passage row in one int64 sort key
+QUERY_INDEX_BITS = 20
+
+
 def _store_items(
-    passages_path, queries_path, tokenizer, max_passage_tokens, max_query_tokens, store, batch=4096
+    passages_path, queries_path, tokenizer, max_passage_tokens, max_query_tokens, store, scratch, batch=4096
 ):
-    """:func:`read_items` over a token store: only the passage ids (Arrow strings) and the
-    generated queries are read; a query's passage row is found by Arrow's ``index_in``."""
+    """:func:`read_items` over a token store. The generated queries are streamed ``batch`` rows at
+    a time, their passage rows found by :class:`IdIndex`, and their tokens written to a token
+    store (view ``generated-queries``) in ``scratch``, reordered by (passage row, query index)
+    when the table is not in that order. Resident: the passage ids (Arrow strings) and their
+    index, 8 bytes a query while the queries are read, then 16 bytes a passage with queries."""
+    import array
+
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
+
+    from dprflow.data.token_store import TokenStoreWriter, reorder
+    from dprflow.pretraining.corpus import passage_batches
 
     pids = pq.read_table(passages_path, columns=["passage_id"])["passage_id"].combine_chunks()
     if len(pids) != len(store):
         raise StageError(
             f"{store.path}: {len(store)} passages, {passages_path} has {len(pids)}; tokenize it again"
         )
-    generated = read_table(queries_path, "generated_queries")
-    rows = pc.index_in(pa.array(generated["passage_id"], pa.string()), value_set=pids)
-    if rows.null_count:
-        unknown = sorted(set(generated["passage_id"][rows.is_null().to_numpy(zero_copy_only=False)]))
-        raise StageError(
-            f"{queries_path}: {len(unknown)} passage ids not in {passages_path}, e.g. {unknown[:3]}"
-        )
-    generated = generated.assign(row=rows.to_numpy(zero_copy_only=False))
-    generated = generated[generated["text"].str.strip() != ""]
-    generated = generated.sort_values(["row", "query_index"], kind="stable")
-    texts = generated["text"].tolist()
-    tokens = []
-    for start in range(0, len(texts), batch):
-        encoded = tokenizer(
-            texts[start : start + batch],
-            add_special_tokens=False,
-            truncation=True,
-            max_length=max_query_tokens,
-        )["input_ids"]
-        tokens.extend(np.asarray(q, dtype=np.int32) for q in encoded)
-    rows = generated["row"].to_numpy(dtype=np.int64)
-    del texts, generated
-    lengths = np.asarray([len(t) for t in tokens], dtype=np.int64)
-    # a candidate is a non-empty query of a passage with a non-empty text (the in-memory rule)
-    keep = (lengths > 0) & (store.lengths[rows] > 0)
-    flat = np.concatenate([t for t, k in zip(tokens, keep, strict=True) if k] or [np.zeros(0, np.int32)])
-    del tokens
-    rows = rows[keep]
-    offsets = np.concatenate([[0], np.cumsum(lengths[keep])])
-    unique, first = np.unique(rows, return_index=True)  # passages in table order, their first query
-    bounds = np.append(first, len(rows))
-    items = QacItems(store, unique, max_passage_tokens, pids.take(unique), flat, offsets, bounds)
-    counts = _counts(len(pids), len(items), len(rows), passages_path, queries_path)
+    index = IdIndex(pids)
+    keys, unknown = array.array("q"), set()
+    out = Path(scratch) / "generated-queries"
+    with TokenStoreWriter(out, tokenizer, "generated-queries", {"path": str(queries_path)}) as writer:
+        columns = ["passage_id", "query_index", "text"]
+        for frame in passage_batches(queries_path, columns, rows=batch, table="generated_queries"):
+            rows = index.rows(pa.array(frame["passage_id"], pa.string()))
+            if (rows < 0).any():
+                unknown.update(frame["passage_id"][rows < 0])
+            if unknown:
+                continue  # read on, to name every unknown id
+            qi = frame["query_index"].to_numpy(dtype=np.int64)
+            if ((qi < 0) | (qi >= 1 << QUERY_INDEX_BITS)).any():
+                raise StageError(f"{queries_path}: query_index outside 0..{(1 << QUERY_INDEX_BITS) - 1}")
+            text = frame["text"]
+            blank = (text.str.strip() == "").to_numpy()
+            encoded = tokenizer(
+                text[~blank].tolist(), add_special_tokens=False, truncation=True, max_length=max_query_tokens
+            )["input_ids"]
+            rows, qi = rows[~blank], qi[~blank]
+            # a candidate is a non-empty query of a passage with a non-empty text (the in-memory rule)
+            keep = (np.fromiter(map(len, encoded), np.int64, len(encoded)) > 0) & (
+                store.offsets[rows + 1] - store.offsets[rows] > 0
+            )
+            writer.extend([ids for ids, k in zip(encoded, keep, strict=True) if k])
+            keys.frombytes((rows[keep] << QUERY_INDEX_BITS | qi[keep]).astype(np.int64).tobytes())
+        if unknown:
+            raise StageError(
+                f"{queries_path}: {len(unknown)} passage ids not in {passages_path}, e.g. {sorted(unknown)[:3]}"
+            )
+        queries = writer.close()
+    keys = np.frombuffer(keys, np.int64)
+    if (keys[1:] < keys[:-1]).any():  # the in-memory path's stable sort by (row, query_index)
+        order = np.argsort(keys, kind="stable")
+        unsorted = queries
+        queries = reorder(unsorted, order, Path(scratch) / "generated-queries-sorted", tokenizer)
+        shutil.rmtree(unsorted.path)  # its memory maps close with the object
+        keys = keys[order]
+        del order
+    rows = keys >> QUERY_INDEX_BITS
+    del keys
+    first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if len(rows) else np.zeros(0, np.int64)
+    unique = rows[first]  # passages in table order
+    n_queries = len(rows)
+    del rows
+    bounds = np.append(first, n_queries)
+    items = QacItems(store, unique, max_passage_tokens, pids.take(unique), queries, bounds)
+    counts = _counts(len(pids), len(items), n_queries, passages_path, queries_path)
     return items, counts
 
 
