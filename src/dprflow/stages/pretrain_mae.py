@@ -31,7 +31,6 @@ import numpy as np
 import torch
 
 from dprflow.cli import StageError, run_stage
-from dprflow.data.schemas import read_table
 from dprflow.model_init import load_tokenizer
 from dprflow.pretraining.corpus import GENERIC_SOURCES, open_or_tokenize, scratch_dir
 from dprflow.pretraining.mae.data import (
@@ -44,7 +43,7 @@ from dprflow.pretraining.mae.data import (
     store_cotmae_documents,
 )
 from dprflow.pretraining.mae.model import BottleneckedMAE, MAEConfig
-from dprflow.pretraining.mae.pmi import NgramCounts
+from dprflow.pretraining.mae.pmi import read_counts_mapped
 from dprflow.pretraining.query_as_context import pairs as query_context
 from dprflow.stage_args import OptimArgs
 from dprflow.training.devices import set_seed
@@ -182,7 +181,8 @@ def training_items(args: Args, tokenizer, scratch: str) -> tuple[list, dict[str,
         return items, counts
     stats = None
     if args.variant == "cdmae":
-        stats = NgramCounts.from_frame(read_table(args.pmi, "ngram_counts"), where=args.pmi)
+        # memory-mapped in the scratch folder: MS MARCO's table is hundreds of millions of rows
+        stats = read_counts_mapped(args.pmi, scratch)
     store = open_or_tokenize(args.tokens, view, tokenizer, scratch, args.corpus_path, args.corpus, stats)
     if args.variant == "cotmae":
         # Cut once with the stage's seed, as CoT-MAE cuts its corpus once before training.

@@ -850,11 +850,6 @@ def _shard_runs(
 ) -> Iterator[tuple[list[Run], list[NgramCounts]]]:
     """The shards' runs copied to memory-mapped arrays (removed on exit) and their header rows
     (as empty NgramCounts), checked: schema, unpruned, sorted keys, one max_n."""
-    import pyarrow.parquet as pq
-
-    from dprflow.data import schemas
-
-    target = schemas.schema("ngram_counts")
     if not paths:
         raise ValueError("merge_files needs at least one file")
     if spill_dir is not None:
@@ -863,55 +858,73 @@ def _shard_runs(
         runs: list[Run] = []
         headers: list[NgramCounts] = []
         for i, path in enumerate(paths):
-            path = Path(path)
-            if not path.exists():
-                raise FileNotFoundError(f"{path}: no such table (expected an 'ngram_counts' table)")
-            pf = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering would read the whole file
-            for f in target:
-                if f.name not in pf.schema_arrow.names or not pf.schema_arrow.field(f.name).type.equals(
-                    f.type
-                ):
-                    raise schemas.SchemaError(
-                        f"{path}: column {f.name!r} missing or not {f.type}; has {pf.schema_arrow}"
-                    )
-            rows = pf.metadata.num_rows
-            mk = np.lib.format.open_memmap(Path(tmp) / f"{i}-k.npy", mode="w+", dtype=np.int64, shape=(rows,))
-            mc = np.lib.format.open_memmap(Path(tmp) / f"{i}-c.npy", mode="w+", dtype=np.int64, shape=(rows,))
-            mn = np.empty(0, dtype=np.int64)
-            at = 0
-            for batch in pf.iter_batches(batch_size=read_rows, columns=target.names):
-                k = batch.column("ngram").to_numpy()
-                mk[at : at + len(k)] = k
-                mc[at : at + len(k)] = batch.column("count").to_numpy()
-                if at == 0:
-                    mn = batch.column("n").to_numpy().astype(np.int64)
-                at += len(k)
-                _release(mk), _release(mc)
-            head = int(np.searchsorted(mk, 0))  # header rows sort first (negative keys)
-            header = NgramCounts._from_arrays(
-                mn[:head], np.asarray(mk[:head]), np.asarray(mc[:head]), str(path)
-            )
+            header, ks, cs = _map_table(path, Path(tmp) / str(i), read_rows)
             if header.min_count > 1:
                 raise ValueError(
                     f"{path}: already pruned (min_count={header.min_count}); merge unpruned shards"
                 )
-            ks = mk[head:]
-            for a in range(0, len(ks), read_rows):  # block by block, each block with the last key before it
-                block = np.array(ks[max(a - 1, 0) : a + read_rows])
-                _release(mk)
-                if len(block) > 1 and not bool(np.all(block[1:] > block[:-1])):
-                    raise ValueError(
-                        f"{path}: n-gram keys are not strictly increasing; was it written by to_frame?"
-                    )
             headers.append(header)
-            runs.append((ks, mc[head:]))
+            runs.append((ks, cs))
         max_ns = {h.max_n for h in headers}
         if len(max_ns) != 1:
             raise ValueError(
                 f"cannot merge counts of different max_n: {sorted(max_ns)} in {list(map(str, paths))}"
             )
-        del mk, mc
         yield runs, headers
+
+
+def _map_table(path: str | Path, stem: Path, read_rows: int) -> tuple[NgramCounts, np.ndarray, np.ndarray]:
+    """An ``ngram_counts`` table copied batch by batch into memory-mapped key and count arrays
+    (``<stem>-k.npy``, ``<stem>-c.npy``): its header rows (as an empty NgramCounts), then the keys
+    and counts of its n-grams, checked strictly increasing block by block. Resident memory is one
+    batch, whatever the table's size."""
+    import pyarrow.parquet as pq
+
+    from dprflow.data import schemas
+
+    target = schemas.schema("ngram_counts")
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such table (expected an 'ngram_counts' table)")
+    pf = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering would read the whole file
+    for f in target:
+        if f.name not in pf.schema_arrow.names or not pf.schema_arrow.field(f.name).type.equals(f.type):
+            raise schemas.SchemaError(
+                f"{path}: column {f.name!r} missing or not {f.type}; has {pf.schema_arrow}"
+            )
+    rows = pf.metadata.num_rows
+    mk = np.lib.format.open_memmap(f"{stem}-k.npy", mode="w+", dtype=np.int64, shape=(rows,))
+    mc = np.lib.format.open_memmap(f"{stem}-c.npy", mode="w+", dtype=np.int64, shape=(rows,))
+    mn = np.empty(0, dtype=np.int64)
+    at = 0
+    for batch in pf.iter_batches(batch_size=read_rows, columns=target.names):
+        k = batch.column("ngram").to_numpy()
+        mk[at : at + len(k)] = k
+        mc[at : at + len(k)] = batch.column("count").to_numpy()
+        if at == 0:
+            mn = batch.column("n").to_numpy().astype(np.int64)
+        at += len(k)
+        _release(mk), _release(mc)
+    head = int(np.searchsorted(mk, 0))  # header rows sort first (negative keys)
+    header = NgramCounts._from_arrays(mn[:head], np.asarray(mk[:head]), np.asarray(mc[:head]), str(path))
+    ks = mk[head:]
+    for a in range(0, len(ks), read_rows):  # block by block, each block with the last key before it
+        block = np.array(ks[max(a - 1, 0) : a + read_rows])
+        _release(mk)
+        if len(block) > 1 and not bool(np.all(block[1:] > block[:-1])):
+            raise ValueError(f"{path}: n-gram keys are not strictly increasing; was it written by to_frame?")
+    return header, ks, mc[head:]
+
+
+def read_counts_mapped(path: str | Path, folder: str | Path, read_rows: int = 1 << 20) -> NgramCounts:
+    """The ``ngram_counts`` table at ``path`` as an NgramCounts whose keys and counts are memory
+    maps in ``folder`` (which must outlive it), for the CDMAE jobs that look tokens up in it: the
+    table of MS MARCO's n-grams is projected at hundreds of millions of rows (docs/scale.md), which
+    ``from_frame`` would hold as a DataFrame and arrays, about 50 bytes a row. Lookups
+    (:meth:`NgramCounts.lookup`, a binary search) read only the pages they touch."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    header, keys, counts = _map_table(path, Path(folder) / "ngram-counts", read_rows)
+    return NgramCounts(header.max_n, keys, counts, header.totals, min_count=header.min_count)
 
 
 # --------------------------------------------------------------------------------------------
