@@ -150,3 +150,17 @@ def test_no_hash_cache_is_written_beside_data_no_stage_produced(tmp_path):
     data.write_text('{"_id": "d1"}\n')
     assert provenance.cached_sha256(data) == (hashlib.sha256(data.read_bytes()).hexdigest(), False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl"]
+
+
+def test_a_rows_provenance_leaves_out_its_exports(tmp_path):
+    """The report lists the records behind a row, not those of its exports (hub/, faiss/): an export
+    job may rewrite those while the report is built (a changed compare.csv reruns every hub)."""
+    from dprflow.evaluation.report import row_artifacts
+
+    row = tmp_path / "tiny" / "m" / "seed-13" / "r2"
+    for folder in ("model", "hub", "faiss", "embeddings"):
+        (row / folder).mkdir(parents=True)
+        (row / folder / provenance.FOLDER_FILE).write_text("{}")
+    (row / f"run.parquet{provenance.SUFFIX}").write_text("{}")
+    found = {p.relative_to(row).as_posix() for p in row_artifacts(tmp_path, "tiny", "m/r2")}
+    assert found == {"model/provenance.json", "embeddings/provenance.json", "run.parquet.provenance.json"}

@@ -62,6 +62,26 @@ def _table(block: list[str]) -> str:
     return "\n".join(parts)
 
 
+# A row's exports (export_model's hub/, export_faiss's faiss/) are made from its results, not
+# behind them, and are not inputs of the report: a job may be rewriting one while the report is
+# built (a changed compare.csv reruns every hub export), so the walk does not enter them.
+EXPORTS = ("hub", "faiss")
+
+
+def _walk(folder: Path) -> list[Path]:
+    """Every path below ``folder`` except what lies in its exports' folders."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for child in folder.iterdir():
+        if child.name in EXPORTS and child.is_dir():
+            continue
+        found.append(child)
+        if child.is_dir():
+            found += _walk(child)
+    return found
+
+
 def row_artifacts(results: Path, collection: str, system: str, trained_on: str = "") -> list[Path]:
     """The artifacts behind one row of the table that carry a provenance record: a fine-tuned row
     ``<method>/<stage>`` gathers the folders of every seed (``<method>/seed-<seed>/<stage>``). A
@@ -78,7 +98,7 @@ def row_artifacts(results: Path, collection: str, system: str, trained_on: str =
     paths = sorted(
         p
         for folder in folders
-        for p in folder.rglob("*")
+        for p in _walk(folder)
         if (p.name.endswith(provenance.SUFFIX) or p.name == provenance.FOLDER_FILE)
         and (transfer or not any(part.startswith("on-") for part in p.relative_to(folder).parts))
     )
