@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import mmap
 import re
 import tempfile
@@ -516,20 +517,21 @@ def _release(arr: np.ndarray) -> None:
         mapped.madvise(mmap.MADV_DONTNEED)
 
 
+def _concat(parts: Sequence[Run]) -> Run:
+    """Sorted parts of disjoint key ranges as one run."""
+    if not parts:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate([k for k, _ in parts]), np.concatenate([c for _, c in parts])
+
+
 def _combine(runs: Sequence[Run], min_count: int = 1, part_size: int = PART_SIZE) -> Run:
     """Sum the counts of sorted runs into one run in memory (see :func:`_combine_parts`)."""
     runs = [r for r in runs if len(r[0])]
-    if not runs:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     if len(runs) == 1 and min_count <= 1:
         return np.asarray(runs[0][0]), np.asarray(runs[0][1])
-    out_k, out_c = [], []
-    for k, c in _combine_parts(runs, min_count, part_size):
-        out_k.append(k)
-        out_c.append(c)
-    if len(out_k) == 1:
-        return out_k[0], out_c[0]
-    return np.concatenate(out_k), np.concatenate(out_c)
+    return _concat(list(_combine_parts(runs, min_count, part_size)))
 
 
 def _combine_parts(runs: Sequence[Run], min_count: int = 1, part_size: int = PART_SIZE) -> Iterator[Run]:
@@ -645,7 +647,7 @@ class _RunStore:
         if spill is not None:
             self.spilled.append(spill.close())
         elif held:
-            self.memory = [(np.concatenate([k for k, _ in held]), np.concatenate([c for _, c in held]))]
+            self.memory = [_concat(held)]
 
     def _spill_file(self) -> _SpillFile:
         if self.spill_dir is None:
@@ -671,13 +673,9 @@ class _RunStore:
 
     def finish(self, min_count: int = 1) -> Run:
         if not self.spilled and len(self.memory) <= 1 and min_count <= 1:
-            run = self.memory[0] if self.memory else (np.zeros(0, np.int64), np.zeros(0, np.int64))
-            self.memory = []
+            run, self.memory = _concat(self.memory), []
             return run
-        parts = list(self.parts(min_count))
-        if not parts:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        return np.concatenate([k for k, _ in parts]), np.concatenate([c for _, c in parts])
+        return _concat(list(self.parts(min_count)))
 
 
 def _batches(texts: Iterable[str], batch_chars: int) -> Iterator[list[str]]:
@@ -880,30 +878,19 @@ def _map_table(path: str | Path, stem: Path, read_rows: int) -> tuple[NgramCount
     batch, whatever the table's size."""
     import pyarrow.parquet as pq
 
-    from dprflow.data import schemas
+    from dprflow.data.schemas import iter_table
 
-    target = schemas.schema("ngram_counts")
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such table (expected an 'ngram_counts' table)")
-    pf = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering would read the whole file
-    for f in target:
-        if f.name not in pf.schema_arrow.names or not pf.schema_arrow.field(f.name).type.equals(f.type):
-            raise schemas.SchemaError(
-                f"{path}: column {f.name!r} missing or not {f.type}; has {pf.schema_arrow}"
-            )
-    rows = pf.metadata.num_rows
+    batches = iter_table(path, "ngram_counts", batch_rows=read_rows)
+    first = next(batches, None)  # the file and its schema are checked here
+    rows = pq.read_metadata(path).num_rows
     mk = np.lib.format.open_memmap(f"{stem}-k.npy", mode="w+", dtype=np.int64, shape=(rows,))
     mc = np.lib.format.open_memmap(f"{stem}-c.npy", mode="w+", dtype=np.int64, shape=(rows,))
-    mn = np.empty(0, dtype=np.int64)
+    mn = np.empty(0, dtype=np.int64) if first is None else first["n"].to_numpy(np.int64)
     at = 0
-    for batch in pf.iter_batches(batch_size=read_rows, columns=target.names):
-        k = batch.column("ngram").to_numpy()
-        mk[at : at + len(k)] = k
-        mc[at : at + len(k)] = batch.column("count").to_numpy()
-        if at == 0:
-            mn = batch.column("n").to_numpy().astype(np.int64)
-        at += len(k)
+    for batch in itertools.chain([] if first is None else [first], batches):
+        mk[at : at + len(batch)] = batch["ngram"].to_numpy()
+        mc[at : at + len(batch)] = batch["count"].to_numpy()
+        at += len(batch)
         _release(mk), _release(mc)
     head = int(np.searchsorted(mk, 0))  # header rows sort first (negative keys)
     header = NgramCounts._from_arrays(mn[:head], np.asarray(mk[:head]), np.asarray(mc[:head]), str(path))
