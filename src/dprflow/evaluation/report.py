@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import html
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -68,18 +70,11 @@ def _table(block: list[str]) -> str:
 EXPORTS = ("hub", "faiss")
 
 
-def _walk(folder: Path) -> list[Path]:
-    """Every path below ``folder`` except what lies in its exports' folders."""
-    if not folder.is_dir():
-        return []
-    found = []
-    for child in folder.iterdir():
-        if child.name in EXPORTS and child.is_dir():
-            continue
-        found.append(child)
-        if child.is_dir():
-            found += _walk(child)
-    return found
+def _walk(folder: Path) -> Iterator[Path]:
+    """Every file below ``folder`` except those in its exports' folders."""
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if d not in EXPORTS]
+        yield from (Path(root) / name for name in files)
 
 
 def row_artifacts(results: Path, collection: str, system: str, trained_on: str = "") -> list[Path]:

@@ -128,12 +128,12 @@ def write_collection(args: Args, out: Path) -> None:
     with TableWriter(out / "documents.parquet", "documents") as writer:
         documents = Documents(writer.write, args.batch_documents)
         col, where = load(args, documents)
+        empty = documents.empty
         if col.documents is not None:  # built in memory (embedded): checked and written here
             check_collection(col, where)
             writer.write(col.documents)
-            documents.empty = int(
-                (col.documents["title"].str.strip().eq("") & col.documents["text"].str.strip().eq("")).sum()
-            )
+            blank = col.documents["title"].str.strip().eq("") & col.documents["text"].str.strip().eq("")
+            empty = int(blank.sum())
         if not writer.rows or not len(col.queries):
             raise StageError(f"{where}: the collection has no documents or no queries")
         write_table(col.queries, out / "queries.parquet", "queries")
@@ -149,10 +149,7 @@ def write_collection(args: Args, out: Path) -> None:
     )
     for reason, n in sorted(col.counts.items()):
         log.info("count %s: %d", reason, n)
-    log.info(
-        "documents with empty title and text: %d (kept; split_passages gives them no passage)",
-        documents.empty,
-    )
+    log.info("documents with empty title and text: %d (kept; split_passages gives them no passage)", empty)
 
 
 def main(argv: list[str] | None = None) -> int:
