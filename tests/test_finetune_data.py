@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import pickle
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
+import pytest
 
-from dprflow.finetuning.examples import TrainingQuery, build_training_queries, sample_group
+from dprflow.cli import StageError
+from dprflow.data.schemas import write_table
+from dprflow.finetuning.examples import (
+    PassageTexts,
+    TrainingQuery,
+    build_training_set,
+    passage_texts,
+    sample_group,
+)
 from dprflow.finetuning.reranking import rerank_run
+from dprflow.search.runs import positive_passages
+
+
+def pieces(*frames: pd.DataFrame):
+    """A pool table given in pieces, as the stage streams it (called once per pass)."""
+    return lambda: iter(frames)
 
 
 def test_groups_start_with_a_positive_and_never_sample_positives_as_negatives():
@@ -14,23 +34,151 @@ def test_groups_start_with_a_positive_and_never_sample_positives_as_negatives():
     queries = pd.DataFrame({"query_id": ["q"], "text": ["t"], "split": ["train"]})
     qrels = pd.DataFrame({"query_id": ["q"], "doc_id": ["a"], "relevance": [1]})
     # A pool that (wrongly) still holds a positive: it must be removed and counted.
-    pool = pd.DataFrame(
-        {
-            "query_id": ["q"] * 3,
-            "passage_id": ["a#1", "b#0", "c#0"],
-            "score": [3.0, 2.0, 1.0],
-            "rank": [1, 2, 3],
-        }
+    pool = pd.DataFrame({"query_id": ["q"] * 3, "passage_id": ["a#1", "b#0", "c#0"], "rank": [1, 2, 3]})
+    ids = pd.Index(passages["passage_id"])
+    items, counts = build_training_set(
+        queries, "train", positive_passages(qrels, passages), ids, pieces(pool)
     )
-    items, counts = build_training_queries(queries, "train", qrels, passages, pool)
     assert counts["negatives_that_were_positives_removed"] == 1
     (item,) = items
-    assert sorted(item.positives) == ["a#0", "a#1"] and item.negatives == ["b#0", "c#0"]
+    assert sorted(ids[item.positives]) == ["a#0", "a#1"] and list(ids[item.negatives]) == ["b#0", "c#0"]
     rng = np.random.default_rng(0)
     for _ in range(200):
-        group = sample_group(rng, item, 4)
+        group = ids[sample_group(rng, item, 4)]
         assert group[0] in {"a#0", "a#1"}
         assert set(group[1:]) <= {"b#0", "c#0"}  # a pool of 2 for 3 slots: drawn with replacement
+
+
+def reference_training_queries(queries, split, positives, pools, extra, teacher):
+    """The whole-table builder the streamed one replaced (Python lists and dicts of ids): the oracle."""
+    pos = positives.groupby("query_id")["passage_id"].agg(list).to_dict()
+
+    def grouped(frame):
+        ordered = frame.sort_values(["query_id", "rank"], kind="stable")
+        return ordered.groupby("query_id", sort=False)["passage_id"].agg(list).to_dict()
+
+    pools, extra = grouped(pools), grouped(extra)
+    scores = {q: dict(zip(g["passage_id"], g["score"], strict=True)) for q, g in teacher.groupby("query_id")}
+    counts = {"skipped_no_positive": 0, "skipped_empty_negative_pool": 0, "skipped_no_teacher_scores": 0}
+    removed, items = 0, []
+    for qid, text in queries.loc[queries["split"] == split, ["query_id", "text"]].itertuples(index=False):
+        p = pos.get(qid, [])
+        if not p:
+            counts["skipped_no_positive"] += 1
+            continue
+        clean = [x for x in pools.get(qid, []) if x not in p]
+        removed += len(pools.get(qid, [])) - len(clean)
+        if not clean:
+            counts["skipped_empty_negative_pool"] += 1
+            continue
+        t = scores.get(qid, {})
+        p, clean = [x for x in p if x in t], [x for x in clean if x in t]
+        if not p or not clean:
+            counts["skipped_no_teacher_scores"] += 1
+            continue
+        items.append((qid, text, p, clean, [x for x in extra.get(qid, []) if x not in pos[qid]], t))
+    return items, {**counts, "negatives_that_were_positives_removed": removed}
+
+
+def test_the_streamed_pools_are_the_whole_table_path_s_and_draw_the_same_groups():
+    rng = np.random.default_rng(7)
+    ids = pd.Index([f"p{i}" for i in rng.permutation(300)])
+    queries = pd.DataFrame(
+        {
+            "query_id": [f"q{i}" for i in range(60)],
+            "text": [f"query {i}" for i in range(60)],
+            "split": ["train"] * 50 + ["test"] * 10,
+        }
+    )
+    positives = pd.DataFrame(
+        {
+            "query_id": ["q0", "q1"] + [f"q{i}" for i in rng.integers(0, 55, 80)],
+            "passage_id": ids[rng.integers(0, 300, 82)],
+        }
+    ).drop_duplicates()
+
+    def pool_table(n):
+        # Rows of every query (test queries too), out of rank order, ranks with ties, positives among them.
+        return pd.DataFrame(
+            {
+                "query_id": [f"q{i}" for i in rng.integers(0, 60, n)],
+                "passage_id": ids[rng.integers(0, 300, n)],
+                "rank": rng.integers(1, 40, n).astype(np.int32),
+            }
+        ).drop_duplicates(["query_id", "passage_id"])
+
+    pools, extra = pool_table(2000), pool_table(800)
+    pools = pd.concat([pools, positives.assign(rank=np.int32(3))], ignore_index=True).sample(
+        frac=1, random_state=1
+    )
+    teacher = pools.sample(frac=0.9, random_state=2)[["query_id", "passage_id"]]
+    teacher = teacher.assign(score=rng.normal(size=len(teacher)))
+    teacher = pd.concat([teacher, positives.assign(score=1.0)]).drop_duplicates(["query_id", "passage_id"])
+    # q0's pool is its positives only (an empty pool once they are removed); q1's positives have
+    # no teacher score (skipped when distilling).
+    pools = pd.concat(
+        [pools[pools["query_id"] != "q0"], positives[positives["query_id"] == "q0"].assign(rank=1)]
+    )
+    teacher = teacher[~teacher["query_id"].eq("q1") | ~teacher["passage_id"].isin(positives["passage_id"])]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "scores.parquet"
+        write_table(teacher, path, "scores")
+        items, counts = build_training_set(
+            queries,
+            "train",
+            positives,
+            ids,
+            pieces(*(pools.iloc[i : i + 300] for i in range(0, len(pools), 300))),
+            pieces(extra),
+            str(path),
+        )
+    want, want_counts = reference_training_queries(queries, "train", positives, pools, extra, teacher)
+    assert {k: counts[k] for k in want_counts} == want_counts and counts["kept"] == len(want) > 20
+    assert counts["skipped_empty_negative_pool"] == counts["skipped_no_teacher_scores"] == 1
+    for item, (qid, text, pos, neg, more, scores) in zip(items, want, strict=True):
+        assert (item.query_id, item.text) == (qid, text)
+        assert list(ids[item.positives]) == pos and list(ids[item.negatives]) == neg
+        assert list(ids[item.extra_negatives]) == more
+        assert {ids[r]: s for r, s in item.teacher.items()} == pytest.approx(
+            {p: scores[p] for p in pos + neg}
+        )
+        for seed in range(3):
+            mine = sample_group(np.random.default_rng(seed), item, 6, extra_fraction=0.4)
+            old = TrainingQuery(qid, text, pos, neg, more)
+            assert list(ids[mine]) == sample_group(np.random.default_rng(seed), old, 6, extra_fraction=0.4)
+
+
+def test_a_pool_passage_missing_from_the_passages_is_an_error_naming_the_table():
+    queries = pd.DataFrame({"query_id": ["q"], "text": ["t"], "split": ["train"]})
+    positives = pd.DataFrame({"query_id": ["q"], "passage_id": ["a"]})
+    pool = pd.DataFrame({"query_id": ["q", "q"], "passage_id": ["b", "zz"], "rank": [1, 2]})
+    with pytest.raises(StageError, match=r"r1/negatives.parquet: passage 'zz' \(query 'q'\)"):
+        build_training_set(
+            queries, "train", positives, pd.Index(["a", "b"]), pieces(pool), where="r1/negatives.parquet"
+        )
+
+
+def test_passage_texts_are_read_back_from_disk_in_any_process(tmp_path):
+    passages = pd.DataFrame(
+        {
+            "passage_id": ["a", "b", "c"],
+            "doc_id": ["a", "b", "c"],
+            "position": np.int32([0, 0, 0]),
+            "title": ["Été", "", "  t "],
+            "text": ["premier passage", "second ☃", ""],
+            "n_tokens": np.int32([2, 2, 0]),
+        }
+    )
+    write_table(passages, tmp_path / "passages.parquet", "passages")
+    texts, ids = PassageTexts.write(tmp_path / "passages.parquet", tmp_path / "texts", "[SEP]")
+    want = passage_texts(passages, "[SEP]")
+    assert list(ids) == ["a", "b", "c"] and len(texts) == 3
+    assert [texts[i] for i in (2, 0, 1)] == [want["c"], want["a"], want["b"]]
+    assert want["a"] == "Été [SEP] premier passage" and want["b"] == "second ☃"
+    again = pickle.loads(pickle.dumps(texts))  # a DataLoader worker started by spawn
+    assert [again[i] for i in range(3)] == [want[k] for k in "abc"]
+    with multiprocessing.get_context("fork").Pool(1) as pool:  # one started by fork
+        assert pool.map(texts.__getitem__, [1, 0]) == [want["b"], want["a"]]
 
 
 def test_extra_pool_fraction():

@@ -347,11 +347,10 @@ def test_a_group_larger_than_every_negative_pool_is_an_error(train_data, tiny_in
 
 
 def test_queries_with_a_short_pool_are_counted_and_logged():
-    from dprflow.finetuning.examples import TrainingQuery, check_pools
+    from dprflow.finetuning.examples import check_pools
 
-    items = [TrainingQuery("q1", "a", ["p"], ["n1", "n2", "n3"]), TrainingQuery("q2", "b", ["p"], ["n1"])]
-    assert check_pools(items, 4) == 1
-    assert check_pools(items, 2) == 0
+    assert check_pools([3, 1], 4) == 1  # pool sizes of two queries
+    assert check_pools([3, 1], 2) == 0
 
 
 # ---- settings of how work is split or saved do not retrain models ------------------------------

@@ -16,6 +16,7 @@ from dprflow.finetuning.cross_encoder import CrossEncoder
 from dprflow.finetuning.examples import GroupTrainingArgs, read_training_examples, sample_group
 from dprflow.finetuning.losses import listwise_ce
 from dprflow.finetuning.reranking import tokenize_pairs
+from dprflow.pretraining.corpus import scratch_dir
 from dprflow.training.devices import set_seed
 from dprflow.training.memory import (
     EncoderShape,
@@ -69,6 +70,11 @@ def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> St
 
 
 def train(args: Args) -> None:
+    with scratch_dir(args.out) as scratch:  # the passages' texts, read a batch at a time
+        fine_tune(args, scratch)
+
+
+def fine_tune(args: Args, scratch: str) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.init)
@@ -76,7 +82,7 @@ def train(args: Args) -> None:
     model = CrossEncoder.from_pretrained(args.init, pooling=args.pooling)
     args.pooling = model.pooling  # recorded as trained
     log.info("head on %s pooling", model.pooling)
-    items, counts, texts = read_training_examples(args, tokenizer)
+    items, counts, texts = read_training_examples(args, tokenizer, scratch)
     G = args.group_size
     check_training_memory(
         model,

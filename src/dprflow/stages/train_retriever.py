@@ -21,6 +21,7 @@ from dprflow.cli import StageError, run_stage
 from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer, model_prompts
 from dprflow.finetuning.examples import GroupTrainingArgs, read_training_examples, sample_group
 from dprflow.finetuning.losses import contrastive_loss, distillation_loss
+from dprflow.pretraining.corpus import scratch_dir
 from dprflow.training import distributed
 from dprflow.training.memory import (
     EncoderShape,
@@ -123,6 +124,11 @@ def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> St
 
 
 def train(args: Args) -> None:
+    with scratch_dir(args.out) as scratch:  # the passages' texts, read a batch at a time
+        fine_tune(args, scratch)
+
+
+def fine_tune(args: Args, scratch: str) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = model_prompts(args.init)
@@ -150,7 +156,9 @@ def train(args: Args) -> None:
         args.temperature,
         model.source,
     )
-    items, counts, texts = read_training_examples(args, tokenizer, args.extra_negatives, args.teacher)
+    items, counts, texts = read_training_examples(
+        args, tokenizer, scratch, args.extra_negatives, args.teacher
+    )
     G = args.group_size
     section = "finetune.distill" if args.teacher else "finetune.retriever"
     check_training_memory(
