@@ -376,10 +376,10 @@ def store_documents(store, min_length: int, where: str):
 
 @contextlib.contextmanager
 def scratch_dir(out: str | Path) -> Iterator[str]:
-    """A folder beside a stage's output for a store it tokenizes itself, removed on exit. It is
-    made only when something is written there (a view tokenized by :func:`open_or_tokenize`,
-    CoT-MAE's spans, query-as-context's query store): a stage that stops before reading its
-    corpus (the memory check) leaves nothing on disk."""
+    """A folder beside a stage's output for a store it writes itself, removed on exit. It is made
+    only when something is written there (a view tokenized by :func:`open_or_tokenize`, CoT-MAE's
+    spans, query-as-context's query store, the fine-tuning stages' passage texts): a stage that
+    stops before reading its corpus (the memory check) leaves nothing on disk."""
     out = Path(out)
     path = out.parent / f".{out.name}.{os.getpid()}.tokens"
     try:
