@@ -9,9 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from dprflow.cli import StageError
+from dprflow.data.ids import IdIndex
 from dprflow.data.schemas import write_table
 from dprflow.finetuning.examples import (
     PassageTexts,
@@ -25,8 +27,8 @@ from dprflow.search.runs import positive_passages
 
 
 def pieces(*frames: pd.DataFrame):
-    """A pool table given in pieces, as the stage streams it (called once per pass)."""
-    return lambda: iter(frames)
+    """A pool table given in pieces of the columns asked for, as the stage streams it (once a pass)."""
+    return lambda columns: (frame[columns] for frame in frames)
 
 
 def test_groups_start_with_a_positive_and_never_sample_positives_as_negatives():
@@ -36,8 +38,9 @@ def test_groups_start_with_a_positive_and_never_sample_positives_as_negatives():
     # A pool that (wrongly) still holds a positive: it must be removed and counted.
     pool = pd.DataFrame({"query_id": ["q"] * 3, "passage_id": ["a#1", "b#0", "c#0"], "rank": [1, 2, 3]})
     ids = pd.Index(passages["passage_id"])
+    index = IdIndex(pa.array(ids))
     items, counts = build_training_set(
-        queries, "train", positive_passages(qrels, passages), ids, pieces(pool)
+        queries, "train", positive_passages(qrels, passages), index, pieces(pool)
     )
     assert counts["negatives_that_were_positives_removed"] == 1
     (item,) = items
@@ -127,7 +130,7 @@ def test_the_streamed_pools_are_the_whole_table_path_s_and_draw_the_same_groups(
             queries,
             "train",
             positives,
-            ids,
+            IdIndex(pa.array(ids)),
             pieces(*(pools.iloc[i : i + 300] for i in range(0, len(pools), 300))),
             pieces(extra),
             str(path),
@@ -154,7 +157,12 @@ def test_a_pool_passage_missing_from_the_passages_is_an_error_naming_the_table()
     pool = pd.DataFrame({"query_id": ["q", "q"], "passage_id": ["b", "zz"], "rank": [1, 2]})
     with pytest.raises(StageError, match=r"r1/negatives.parquet: passage 'zz' \(query 'q'\)"):
         build_training_set(
-            queries, "train", positives, pd.Index(["a", "b"]), pieces(pool), where="r1/negatives.parquet"
+            queries,
+            "train",
+            positives,
+            IdIndex(pa.array(["a", "b"])),
+            pieces(pool),
+            where="r1/negatives.parquet",
         )
 
 
@@ -172,13 +180,16 @@ def test_passage_texts_are_read_back_from_disk_in_any_process(tmp_path):
     write_table(passages, tmp_path / "passages.parquet", "passages")
     texts, ids = PassageTexts.write(tmp_path / "passages.parquet", tmp_path / "texts", "[SEP]")
     want = passage_texts(passages, "[SEP]")
-    assert list(ids) == ["a", "b", "c"] and len(texts) == 3
+    assert ids.rows(pa.array(["c", "a", "zz", "b"])).tolist() == [2, 0, -1, 1] and len(texts) == 3
     assert [texts[i] for i in (2, 0, 1)] == [want["c"], want["a"], want["b"]]
     assert want["a"] == "Été [SEP] premier passage" and want["b"] == "second ☃"
     again = pickle.loads(pickle.dumps(texts))  # a DataLoader worker started by spawn
     assert [again[i] for i in range(3)] == [want[k] for k in "abc"]
     with multiprocessing.get_context("fork").Pool(1) as pool:  # one started by fork
         assert pool.map(texts.__getitem__, [1, 0]) == [want["b"], want["a"]]
+    write_table(passages.assign(passage_id=["a", "b", "a"]), tmp_path / "twice.parquet", "passages")
+    with pytest.raises(StageError, match="twice.parquet: passage id 'a' is on more than one row"):
+        PassageTexts.write(tmp_path / "twice.parquet", tmp_path / "texts2", "[SEP]")
 
 
 def test_extra_pool_fraction():

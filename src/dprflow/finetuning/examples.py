@@ -32,8 +32,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from dprflow.cli import StageError
+from dprflow.data.ids import IdIndex
 from dprflow.data.schemas import iter_table, read_table
 from dprflow.search.runs import read_positive_passages
 from dprflow.stage_args import OptimArgs
@@ -97,23 +99,22 @@ class PassageTexts:
     @classmethod
     def write(
         cls, passages: str | os.PathLike, folder: str | os.PathLike, sep_token: str
-    ) -> tuple[PassageTexts, pd.Index]:
-        """Write the texts of table ``passages``; returns them and the passage ids, in row order."""
+    ) -> tuple[PassageTexts, IdIndex]:
+        """Write the texts of table ``passages``; returns them and the index of the passage ids."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         ids, ends, end = [], [np.zeros(1, np.int64)], 0
         with open(folder / "texts.bin", "wb") as fh:
-            for piece in iter_table(passages, "passages", ["passage_id", "title", "text"], 1 << 18):
+            for piece in iter_table(passages, "passages", ["passage_id", "title", "text"], 1 << 16):
                 encoded = [t.encode() for t in encoder_texts(piece, sep_token)]
                 fh.write(b"".join(encoded))
                 lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
                 ends.append(end + np.cumsum(lengths))
                 end += int(lengths.sum())
-                ids.append(piece["passage_id"].to_numpy(object))
+                ids.append(pa.array(piece["passage_id"], pa.string()))
         np.save(folder / "offsets.npy", np.concatenate(ends))
-        index = pd.Index(np.concatenate(ids) if ids else np.array([], object))
-        if not index.is_unique:
-            dup = index[index.duplicated()][0]
+        index = IdIndex(pa.chunked_array(ids, pa.string()).combine_chunks())
+        if (dup := index.duplicate()) is not None:
             raise StageError(f"{passages}: passage id {dup!r} is on more than one row")
         return cls(folder), index
 
@@ -132,9 +133,9 @@ class PassageTexts:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["folder"])
 
-    def __del__(self) -> None:
-        if self._pid == os.getpid():
-            os.close(self._fd)
+    def __del__(self, _getpid=os.getpid, _close=os.close) -> None:  # os may be gone at exit
+        if self._pid == _getpid():
+            _close(self._fd)
 
 
 @dataclass
@@ -174,29 +175,29 @@ class Pools:
 
 
 def read_pools(
-    pieces: Callable[[], Iterable[pd.DataFrame]],
-    queries: pd.Index,
-    passages: pd.Index,
+    pieces: Callable[[list[str]], Iterable[pd.DataFrame]],
+    queries: IdIndex,
+    passages: IdIndex,
     order: str | None,
     where: str,
 ) -> Pools:
-    """The pools of ``queries`` in rows of (query_id, passage_id[, order]) given by ``pieces()``
-    (called twice: one pass counts, one fills), each query's in ``order`` (an integer column;
+    """The pools of ``queries`` in rows of (query_id, passage_id[, order]) given by
+    ``pieces(columns)`` (called twice: one pass counts the query ids, one fills), each query's in ``order`` (an integer column;
     stable: rows of equal order keep the table's order), or in the table's order. Rows of other queries are skipped;
     a passage id that is not in ``passages`` is an error naming ``where``."""
     counts = np.zeros(len(queries), np.int64)
-    for piece in pieces():
-        q = queries.get_indexer(piece["query_id"])
+    for piece in pieces(["query_id"]):
+        q = queries.column_rows(piece["query_id"])
         counts += np.bincount(q[q >= 0], minlength=len(queries))
     offsets = np.zeros(len(queries) + 1, np.int64)
     np.cumsum(counts, out=offsets[1:])
     rows = np.empty(offsets[-1], np.int32)
     keys = np.empty(offsets[-1], np.int32) if order else None  # ranks: int32 in every pool table
     fill = offsets[:-1].copy()
-    for piece in pieces():
-        q = queries.get_indexer(piece["query_id"])
+    for piece in pieces(["query_id", "passage_id"] + ([order] if order else [])):
+        q = queries.column_rows(piece["query_id"])
         piece, q = piece[q >= 0], q[q >= 0]
-        p = passages.get_indexer(piece["passage_id"])
+        p = passages.column_rows(piece["passage_id"])
         if (p < 0).any():
             bad = piece.iloc[int(np.argmax(p < 0))]
             raise StageError(
@@ -244,12 +245,12 @@ def _member(keys: np.ndarray, known: np.ndarray) -> np.ndarray:
 class TeacherScores:
     """The reranker's score of (query, passage) pairs, as sorted int64 keys and float32 scores."""
 
-    def __init__(self, path: str, queries: pd.Index, passages: pd.Index) -> None:
+    def __init__(self, path: str, queries: IdIndex, passages: IdIndex) -> None:
         self.n_passages = len(passages)
         keys, scores = [], []
         for piece in iter_table(path, "scores", batch_rows=1 << 20):
-            q = queries.get_indexer(piece["query_id"])
-            p = passages.get_indexer(piece["passage_id"])
+            q = queries.column_rows(piece["query_id"])
+            p = passages.column_rows(piece["passage_id"])
             ok = (q >= 0) & (p >= 0)  # pairs of other queries, or of no passage, are never looked up
             keys.append(q[ok].astype(np.int64) * self.n_passages + p[ok])
             scores.append(piece["score"].to_numpy(np.float32)[ok])
@@ -322,27 +323,28 @@ def build_training_set(
     queries: pd.DataFrame,
     split: str,
     positives: pd.DataFrame,
-    passage_ids: pd.Index,
-    negatives: Callable[[], Iterable[pd.DataFrame]],
-    extra_negatives: Callable[[], Iterable[pd.DataFrame]] | None = None,
+    passage_ids: IdIndex,
+    negatives: Callable[[list[str]], Iterable[pd.DataFrame]],
+    extra_negatives: Callable[[list[str]], Iterable[pd.DataFrame]] | None = None,
     teacher: str | None = None,
     where: str = "negatives",
 ) -> tuple[TrainingSet, dict[str, int]]:
     """Assemble the training queries of ``split``; returns them and the counts of what was skipped.
 
     ``positives``: (query_id, passage_id) pairs (:func:`dprflow.search.runs.positive_passages`);
-    ``negatives`` and ``extra_negatives`` give the pool tables' pieces (``negatives`` schema),
+    ``negatives`` and ``extra_negatives`` give the pool tables' pieces of the columns asked for
+    (``negatives`` schema),
     ``teacher`` is a ``scores`` table; passages are rows of ``passage_ids``."""
     chosen = queries[queries["split"] == split]
     if chosen.empty:
         raise StageError(f"no query of split {split!r}; splits: {sorted(set(queries['split']))}")
-    qids = pd.Index(chosen["query_id"].to_numpy(object))
-    if not qids.is_unique:
-        raise StageError(f"query id {qids[qids.duplicated()][0]!r} is on more than one row of the queries")
+    qids = IdIndex(pa.array(chosen["query_id"], pa.string()))
+    if (dup := qids.duplicate()) is not None:
+        raise StageError(f"query id {dup!r} is on more than one row of split {split!r} of the queries")
     n = len(passage_ids)
     # Each query's positives in the order of the merge (as the former groupby kept them).
     ordered = positives.sort_values("query_id", kind="stable")
-    pos = read_pools(lambda: [ordered], qids, passage_ids, None, "qrels")
+    pos = read_pools(lambda columns: [ordered[columns]], qids, passage_ids, None, "qrels")
     pools, removed = without_positives(read_pools(negatives, qids, passage_ids, "rank", where), pos, n)
     extra = None
     if extra_negatives is not None:
@@ -374,7 +376,8 @@ def build_training_set(
     if not len(kept):
         raise StageError(f"no usable training query in split {split!r}: {counts}")
     texts = chosen["text"].to_numpy(object)
-    return TrainingSet(qids.to_numpy(), texts, kept, pos, pools, extra, scores), counts
+    query_ids = chosen["query_id"].to_numpy(object)
+    return TrainingSet(query_ids, texts, kept, pos, pools, extra, scores), counts
 
 
 def sample_group(
@@ -404,8 +407,8 @@ def read_training_examples(
         args.passages, Path(scratch) / "texts", tokenizer.sep_token or "|"
     )
 
-    def pieces(path: str) -> Callable[[], Iterable[pd.DataFrame]]:
-        return lambda: iter_table(path, "negatives", ["query_id", "passage_id", "rank"], 1 << 20)
+    def pieces(path: str) -> Callable[[list[str]], Iterable[pd.DataFrame]]:
+        return lambda columns: iter_table(path, "negatives", columns, 1 << 20)
 
     items, counts = build_training_set(
         read_table(args.queries, "queries", ["query_id", "text", "split"]),

@@ -31,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from dprflow.cli import StageError
+from dprflow.data.ids import IdIndex
 from dprflow.data.schemas import read_table
 
 log = logging.getLogger(__name__)
@@ -67,39 +68,6 @@ class QacItems(Sequence):
         ids = self.store[int(self.rows[i])][: self.max_tokens]
         queries = tuple(self.queries[q] for q in range(int(self.first[i]), int(self.first[i + 1])))
         return QacItem(self.passage_ids[i].as_py(), ids, queries)
-
-
-class IdIndex:
-    """The row of each id of an Arrow string array, by binary search over the ids as fixed-width
-    bytes sorted once: the ids' bytes (padded to the longest) plus 8 bytes an id, never a Python
-    object per id (a hash set of 8.8M MS MARCO passage ids takes seconds to build per lookup)."""
-
-    def __init__(self, ids, block: int = 1 << 16) -> None:
-        import pyarrow.compute as pc
-
-        self.width = max(1, int(pc.max(pc.binary_length(ids)).as_py() or 0)) if len(ids) else 1
-        keys = self._bytes(ids, block)
-        self.order = np.argsort(keys, kind="stable")
-        self.sorted = keys[self.order]
-
-    def _bytes(self, ids, block: int = 1 << 16) -> np.ndarray:
-        import pyarrow as pa
-
-        out = np.empty(len(ids), dtype=f"S{self.width}")
-        for start in range(0, len(ids), block):
-            out[start : start + block] = ids.slice(start, block).cast(pa.binary()).to_pylist()
-        return out
-
-    def rows(self, ids) -> np.ndarray:
-        """The row of each of ``ids`` (an Arrow string array), -1 for an id not in the index."""
-        import pyarrow.compute as pc
-
-        if not len(self.sorted):
-            return np.full(len(ids), -1, dtype=np.int64)
-        fits = pc.less_equal(pc.binary_length(ids), self.width).to_numpy(zero_copy_only=False)
-        keys = self._bytes(ids)  # ids longer than the longest indexed one are cut, and not found
-        at = np.minimum(np.searchsorted(self.sorted, keys), len(self.sorted) - 1)
-        return np.where(fits & (self.sorted[at] == keys), self.order[at], -1)
 
 
 def read_items(

@@ -1,0 +1,57 @@
+"""Row numbers of string ids (passage and query ids) without a Python object per id.
+
+:class:`IdIndex` sorts the ids once as fixed-width bytes and finds each id by binary search:
+the ids' bytes plus 8 bytes an id (about 130 MB for MS MARCO's 8.8M passage ids), where a hash
+table of Python strings costs about 100 bytes an id, and Arrow's ``index_in`` rebuilds its hash
+set on every call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+class IdIndex:
+    """The row of each id of an Arrow string array, by binary search over the ids as fixed-width
+    bytes sorted once: the ids' bytes (padded to the longest) plus 8 bytes an id, never a Python
+    object per id (a hash set of 8.8M MS MARCO passage ids takes seconds to build per lookup)."""
+
+    def __init__(self, ids, block: int = 1 << 16) -> None:
+        self.width = max(1, int(pc.max(pc.binary_length(ids)).as_py() or 0)) if len(ids) else 1
+        keys = self._bytes(ids, block)
+        self.order = np.argsort(keys, kind="stable")
+        self.sorted = keys[self.order]
+
+    def _bytes(self, ids, block: int = 1 << 16) -> np.ndarray:
+        out = np.empty(len(ids), dtype=f"S{self.width}")
+        for start in range(0, len(ids), block):
+            out[start : start + block] = ids.slice(start, block).cast(pa.binary()).to_pylist()
+        return out
+
+    def rows(self, ids) -> np.ndarray:
+        """The row of each of ``ids`` (an Arrow string array), -1 for an id not in the index."""
+        if not len(self.sorted):
+            return np.full(len(ids), -1, dtype=np.int64)
+        fits = pc.less_equal(pc.binary_length(ids), self.width).to_numpy(zero_copy_only=False)
+        keys = self._bytes(ids)  # ids longer than the longest indexed one are cut, and not found
+        at = np.minimum(np.searchsorted(self.sorted, keys), len(self.sorted) - 1)
+        return np.where(fits & (self.sorted[at] == keys), self.order[at], -1)
+
+    def __len__(self) -> int:
+        return len(self.sorted)
+
+    def duplicate(self) -> str | None:
+        """An id on more than one row, if any."""
+        same = np.flatnonzero(self.sorted[1:] == self.sorted[:-1])
+        return self.sorted[same[0]].decode() if len(same) else None
+
+    def column_rows(self, values) -> np.ndarray:
+        """:meth:`rows` of a column that repeats its ids (a pool table's query ids, a popular
+        passage): each distinct id is looked up once."""
+        values = pa.array(values, pa.string())
+        if isinstance(values, pa.ChunkedArray):  # a pandas column backed by Arrow
+            values = values.combine_chunks()
+        encoded = pc.dictionary_encode(values)
+        return self.rows(encoded.dictionary)[encoded.indices.to_numpy(zero_copy_only=False)]
