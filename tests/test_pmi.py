@@ -100,10 +100,16 @@ def test_lookup_through_the_fence_equals_a_plain_binary_search(tmp_path):
         mapped_keys = np.lib.format.open_memmap(tmp_path / f"k{rows}.npy", "w+", np.int64, (rows,))
         mapped_keys[:] = table
         mapped = pmi.NgramCounts(1, mapped_keys, counts, stats.totals)
-        edges = table[np.r_[0 : rows : stride, stride - 1 : rows : stride, rows - 1]]
+        edges = table[np.r_[0:rows:stride, stride - 1 : rows : stride, rows - 1]]
         wanted = np.concatenate(
-            [[0, 9, table[0] - 1, table[-1] + 1, 1 << 62], edges, edges + 1, table, table[::3],
-             rng.integers(0, 1 << 41, size=300)]  # fmt: skip
+            [
+                [0, 9, table[0] - 1, table[-1] + 1, 1 << 62],
+                edges,
+                edges + 1,
+                table,
+                table[::3],
+                rng.integers(0, 1 << 41, size=300),
+            ]
         )
         rng.shuffle(wanted)
         expected = plain(stats, wanted)
