@@ -81,6 +81,47 @@ def test_counts_equal_a_counter_reference():
     assert counts.count(["a", "the"]) == 0
 
 
+def test_lookup_through_the_fence_equals_a_plain_binary_search(tmp_path):
+    """lookup finds each key's block in the fence (every 256th key), then the key inside it: the
+    counts a plain searchsorted of the whole table gives, for tables of a part block, exactly
+    whole blocks and a block and one key, memory-mapped or not, and for keys before the first,
+    after the last, on block edges, repeated and absent."""
+    rng = np.random.default_rng(7)
+
+    def plain(stats, keys):
+        idx = np.minimum(np.searchsorted(stats.keys, keys), len(stats.keys) - 1)
+        return np.where(stats.keys[idx] == keys, stats.counts[idx], 0)
+
+    stride = pmi.FENCE_STRIDE
+    for rows in (1, 5, 2 * stride, 3 * stride + 1):
+        table = np.unique(rng.integers(10, 1 << 40, size=rows + 50))[:rows]
+        counts = rng.integers(1, 1000, size=rows)
+        stats = pmi.NgramCounts(1, table, counts, np.array([0, counts.sum()]))
+        mapped_keys = np.lib.format.open_memmap(tmp_path / f"k{rows}.npy", "w+", np.int64, (rows,))
+        mapped_keys[:] = table
+        mapped = pmi.NgramCounts(1, mapped_keys, counts, stats.totals)
+        edges = table[np.r_[0:rows:stride, stride - 1 : rows : stride, rows - 1]]
+        wanted = np.concatenate(
+            [
+                [0, 9, table[0] - 1, table[-1] + 1, 1 << 62],
+                edges,
+                edges + 1,
+                table,
+                table[::3],
+                rng.integers(0, 1 << 41, size=300),
+            ]
+        )
+        rng.shuffle(wanted)
+        expected = plain(stats, wanted)
+        assert (expected > 0).sum() >= rows + len(edges)  # every key found, repeats too
+        np.testing.assert_array_equal(stats.lookup(wanted), expected)
+        np.testing.assert_array_equal(mapped.lookup(wanted), expected)
+        np.testing.assert_array_equal(stats.lookup(wanted[:12].reshape(3, 4)), expected[:12].reshape(3, 4))
+    assert stats.lookup(np.zeros(0, dtype=np.int64)).shape == (0,)
+    empty = pmi.NgramCounts(1, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(2, np.int64))
+    np.testing.assert_array_equal(empty.lookup(np.array([1, 2])), [0, 0])
+
+
 def test_shard_invariance_with_batches_spills_and_pruning(tmp_path):
     texts = TRICKY + random_texts(400, seed=1)
     whole = pmi.count_shard(texts, 4)

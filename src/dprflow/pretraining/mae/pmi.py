@@ -347,6 +347,8 @@ def key_order(keys: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 # Counts
 
+FENCE_STRIDE = 256  # keys per block of NgramCounts.lookup's fence (a power of two)
+
 
 @dataclass
 class NgramCounts:
@@ -379,13 +381,38 @@ class NgramCounts:
         return len(self.keys)
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
-        """Counts of ``keys`` (0 where absent), vectorised by binary search."""
+        """Counts of ``keys`` (0 where absent), vectorised.
+
+        The distinct keys are looked up in increasing order, each in two binary searches: in
+        :attr:`_fence` (every ``FENCE_STRIDE``-th key, held in memory) for its block, then inside
+        that block of ``keys``, one gather per halving for all keys at once. The reads of the
+        (possibly memory-mapped) table thus go forward through it, a few to a block, instead of
+        ~log2(len) scattered ones per key: time per key stays about flat as the table outgrows
+        the caches (docs/scale.md: 5x faster than a binary search of the unsorted keys at 16M
+        rows).
+        """
         keys = np.asarray(keys, dtype=np.int64)
-        if not len(self.keys):
+        if not len(self.keys) or not keys.size:
             return np.zeros(keys.shape, dtype=np.int64)
-        idx = np.searchsorted(self.keys, keys)
-        np.minimum(idx, len(self.keys) - 1, out=idx)
-        return np.where(self.keys[idx] == keys, self.counts[idx], 0)
+        wanted, inverse = np.unique(keys.ravel(), return_inverse=True)
+        # pos ends at the last row of the key's block holding a key <= it: where it is, if present.
+        pos = np.searchsorted(self._fence, wanted, side="right")
+        pos -= 1
+        np.maximum(pos, 0, out=pos)
+        pos *= FENCE_STRIDE
+        last = len(self.keys) - 1
+        step = FENCE_STRIDE // 2
+        while step:
+            probe = np.minimum(pos + step, last)  # the last block may be short
+            pos = np.where(self.keys[probe] <= wanted, probe, pos)
+            step //= 2
+        found = np.where(self.keys[pos] == wanted, self.counts[pos], 0)
+        return found[inverse].reshape(keys.shape)
+
+    @functools.cached_property
+    def _fence(self) -> np.ndarray:
+        """Every ``FENCE_STRIDE``-th key, in memory (1/256 of the keys: 19 MB for 610M rows)."""
+        return np.array(self.keys[::FENCE_STRIDE])
 
     def count(self, tokens: Sequence[str]) -> int:
         """Count of one n-gram given as its words (0 if unseen or pruned)."""
