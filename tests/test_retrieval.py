@@ -22,6 +22,7 @@ from dprflow.search.dense import (
     nb_recall_table,
     read_embeddings,
     search_to_run,
+    tokenize_flat,
     write_embeddings,
 )
 
@@ -132,6 +133,15 @@ def test_encode_pads_each_batch_to_its_longest(tokenizer):
     encode_texts(TEXTS, tokenizer, record, max_length=64, batch_size=4, sort_by_length=True)
     lengths = sorted((min(len(tokenizer(t)["input_ids"]), 64) for t in TEXTS), reverse=True)
     assert seen == [lengths[0], lengths[4], lengths[8]]
+
+
+def test_flat_tokens_are_the_tokenizer_s_across_chunk_boundaries(tokenizer):
+    fields, offsets = tokenize_flat(TEXTS, tokenizer, 12, chunk=3)
+    want = tokenizer(TEXTS, truncation=True, max_length=12)
+    assert set(fields) == set(want) and len(offsets) == len(TEXTS) + 1
+    for key, value in fields.items():
+        assert value.dtype == np.int32
+        assert [value[offsets[i] : offsets[i + 1]].tolist() for i in range(len(TEXTS))] == want[key]
 
 
 def test_encode_rejects_bad_options(tokenizer):

@@ -20,7 +20,7 @@ import torch
 from dprflow.cli import StageError, run_stage
 from dprflow.data.schemas import read_rows, read_table
 from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer, model_prompts
-from dprflow.finetuning.examples import passage_texts
+from dprflow.finetuning.examples import encoder_texts
 from dprflow.finetuning.st_format import POOLINGS, SIMILARITIES, with_prompt
 from dprflow.precision import PRECISIONS, resolve_precision
 from dprflow.search.dense import encode_texts, write_embeddings
@@ -106,13 +106,14 @@ def encode(args: Args) -> None:
     )
     # The whole global batches around this shard's rows, encoded in order: each passage sits in
     # the same batch (same neighbours, same padding) as with any other shard count.
-    batches = read_rows(args.passages, "passages", order[aligned])
-    part = batches.iloc[rows.start - aligned.start : rows.stop - aligned.start]
-    texts = passage_texts(batches, tokenizer.sep_token or "|")
+    batches = read_rows(args.passages, "passages", order[aligned], ["passage_id", "title", "text"])
+    texts = encoder_texts(batches, tokenizer.sep_token or "|")
+    ids = batches["passage_id"].iloc[rows.start - aligned.start : rows.stop - aligned.start].tolist()
+    del batches  # the texts are all that is encoded
     # a model that ships a passage prompt is fed it, as sentence-transformers' encode_document
     prompt = model_prompts(args.model)["passage"]
     emb = encode_texts(
-        with_prompt([texts[p] for p in batches["passage_id"]], prompt),
+        with_prompt(list(texts), prompt),
         tokenizer,
         model.encode_passage,
         args.max_length,
@@ -122,12 +123,12 @@ def encode(args: Args) -> None:
         autocast=None if precision == "fp32" else precision,
     )
     emb = emb[rows.start - aligned.start : rows.stop - aligned.start]
-    write_embeddings(args.out, part["passage_id"].tolist(), emb, precision=precision)
+    write_embeddings(args.out, ids, emb, precision=precision)
     log.info(
         "shard %d/%d: %d passages, dimension %d, %s pooling, %s similarity (%s), precision %s, prompt %r",
         args.shard,
         args.num_shards,
-        len(part),
+        len(ids),
         emb.shape[1],
         model.pooling,
         model.similarity,
