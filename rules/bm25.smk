@@ -2,7 +2,13 @@
 
 
 def bm25_mem_mb(wildcards):
-    return int(4000 + passages_estimate(wildcards.collection) / 1000)
+    # The JVM's heap, plus its own memory and Python's (one batch of passages or one call's hits,
+    # about 0.5 GB measured), plus the index's memory-mapped pages (70 bytes a passage measured).
+    return int(
+        config["bm25"]["heap_mb"]
+        + 1536
+        + passages_estimate(wildcards.collection) / 10_000
+    )
 
 
 def bm25_runtime(wildcards):
@@ -25,9 +31,11 @@ rule bm25_index:
     resources:
         mem_mb=bm25_mem_mb,
         runtime=bm25_runtime,
+    params:
+        heap_mb=config["bm25"]["heap_mb"],
     shell:
         "python -m dprflow.stages.bm25_index --passages {input.passages:q} --index {output.index:q}"
-        " --threads {threads} > {log:q} 2>&1"
+        " --threads {threads} --heap-mb {params.heap_mb:q} > {log:q} 2>&1"
 
 
 rule bm25_search:
@@ -53,10 +61,11 @@ rule bm25_search:
         k=config["bm25"]["hits"],
         k1=config["bm25"]["k1"],
         b=config["bm25"]["b"],
+        heap_mb=config["bm25"]["heap_mb"],
     shell:
         "python -m dprflow.stages.bm25_search --index {input.index:q} --queries {input.queries:q}"
         " --split {params.split:q} --out {output.run:q} --trec {output.trec:q} --k {params.k:q}"
-        " --k1 {params.k1:q} --b {params.b:q} --threads {threads} > {log:q} 2>&1"
+        " --k1 {params.k1:q} --b {params.b:q} --threads {threads} --heap-mb {params.heap_mb:q} > {log:q} 2>&1"
 
 
 rule bm25_negatives:
@@ -83,8 +92,9 @@ rule bm25_negatives:
         depth=config["bm25"]["negatives_depth"],
         k1=config["bm25"]["k1"],
         b=config["bm25"]["b"],
+        heap_mb=config["bm25"]["heap_mb"],
     shell:
         "python -m dprflow.stages.bm25_negatives --index {input.index:q} --queries {input.queries:q}"
         " --qrels {input.qrels:q} --passages {input.passages:q} --split {params.split:q}"
         " --out {output.negatives:q} --depth {params.depth:q} --k1 {params.k1:q} --b {params.b:q}"
-        " --threads {threads} > {log:q} 2>&1"
+        " --threads {threads} --heap-mb {params.heap_mb:q} > {log:q} 2>&1"
