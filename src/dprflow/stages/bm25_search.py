@@ -30,7 +30,9 @@ class LuceneArgs:
     )
     heap_mb: int = field(
         default=4096,
-        metadata={"help": "the JVM's heap (-Xmx) in MB: one call's hits (about 1.3 KB each) must fit in it"},
+        metadata={
+            "help": "the JVM's heap (-Xmx) in MB: one call's hits must fit in it (2M hits ran in 1024)"
+        },
     )
 
     def check(self) -> None:
