@@ -204,6 +204,48 @@ def test_build_index_rejects_bad_passages(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_build_index_checks_pieces_and_ids_across_them(tmp_path):
+    """Passages given in pieces: row numbers count from the table's start, and a duplicate id is
+    found across pieces (before Java runs); nothing is left behind."""
+    pieces = [PASSAGES.iloc[:2], PASSAGES.iloc[2:4], PASSAGES.iloc[4:].assign(passage_id="p2")]
+    with pytest.raises(ValueError, match=r"passage_id 'p2' occurs more than once \(rows \[1, 4\]\); 1 dup"):
+        bm25.build_index(iter(pieces), tmp_path / "index")
+    spaced = [PASSAGES.iloc[:3], PASSAGES.iloc[3:].assign(passage_id=["p 4", "p5"])]
+    with pytest.raises(ValueError, match=r"'p 4' \(row 3\) contains whitespace"):
+        bm25.build_index(iter(spaced), tmp_path / "index")
+    with pytest.raises(ValueError, match="no passages to index"):
+        bm25.build_index(iter([PASSAGES.iloc[:0]]), tmp_path / "index")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_heap_sizes():
+    assert [bm25.heap_mb(h) for h in ("512m", "4g", "4G", "2097152k", str(3 << 20), "1t")] == [
+        512,
+        4096,
+        4096,
+        2048,
+        3,
+        1 << 20,
+    ]
+    with pytest.raises(ValueError, match="JVM size"):
+        bm25.heap_mb("4 GB")
+
+
+def test_index_stage_streams_passages_into_the_same_index(run, tmp_path):
+    """bm25_index reads the passages two at a time, with a 512 MB heap and Lucene's buffer at
+    half of it: the index answers as the whole-table one does (the `run` fixture)."""
+    from dprflow.data.schemas import write_table
+    from dprflow.stages import bm25_index
+
+    write_table(PASSAGES, tmp_path / "passages.parquet", "passages")
+    argv = ["--passages", str(tmp_path / "passages.parquet"), "--index", str(tmp_path / "index")]
+    assert bm25_index.main([*argv, "--threads", "2", "--batch-rows", "2", "--heap-mb", "512"]) == 0
+    pd.testing.assert_frame_equal(bm25.search(tmp_path / "index", QUERIES, k=K, heap="512m"), run)
+    with pytest.raises(SystemExit) as exit_info:  # an argument error, before any work
+        bm25_index.main([*argv, "--heap-mb", "32"])
+    assert exit_info.value.code == 2
+
+
 def test_failed_java_leaves_no_index(tmp_path, monkeypatch):
     bogus = tmp_path / "jar" / "bogus.jar"
     bogus.parent.mkdir()

@@ -104,7 +104,9 @@ def test_an_example_config_passes_every_check_where_its_data_exists(tmp_path):
 def test_unknown_key_is_named_with_the_allowed_ones():
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     config["bm25"]["k3"] = 1.2
-    with pytest.raises(ConfigError, match=r"unknown config key\(s\) \['k3'\] at bm25; allowed: b, hits, k1"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key\(s\) \['k3'\] at bm25; allowed: b, heap_mb, hits, k1"
+    ):
         validate_config(config, SCHEMA)
 
 

@@ -34,13 +34,15 @@ import subprocess
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 log = logging.getLogger(__name__)
@@ -157,6 +159,15 @@ def anserini_jar() -> Path:
     return max(jars, key=lambda p: (_jar_version(p), p.name))
 
 
+def heap_mb(heap: str) -> int:
+    """MB of a JVM size (``"512m"`` -> 512, ``"4g"`` -> 4096; a bare number is bytes)."""
+    m = re.fullmatch(r"(\d+)([kKmMgGtT]?)", heap)
+    if not m:
+        raise ValueError(f"heap must be a JVM size such as '512m' or '4g', got {heap!r}")
+    scale = {"": 2**-20, "k": 2**-10, "m": 1, "g": 2**10, "t": 2**20}[m.group(2).lower()]
+    return int(int(m.group(1)) * scale)
+
+
 def _run_java(
     main_class: str,
     args: Sequence[str],
@@ -171,8 +182,7 @@ def _run_java(
     module's logger (stack frames at DEBUG, the rest at INFO), appended to ``log_file`` if given,
     and passed to ``on_line``. A non-zero exit raises :class:`BM25Error` with the last lines.
     """
-    if not re.fullmatch(r"\d+[kKmMgGtT]?", heap):
-        raise ValueError(f"heap must be a JVM size such as '512m' or '4g', got {heap!r}")
+    heap_mb(heap)  # checks the size
     java, major = _java()
     jar = anserini_jar()
     cmd = [java, f"-Xmx{heap}"]
@@ -230,35 +240,50 @@ def _run_java(
 # Indexing
 
 
-def _check_ids(ids: pd.Series, what: str) -> None:
+def _check_whitespace(ids: pd.Series, what: str, offset: int = 0) -> None:
+    """No id may hold whitespace; ``offset`` is the row number of ``ids``' first row in the table."""
     bad = ids.str.contains(_WHITESPACE, regex=True)
     if bad.any():
         row = int(np.flatnonzero(bad.to_numpy())[0])
         raise ValueError(
-            f"{what} {ids.iloc[row]!r} (row {row}) contains whitespace, which the TREC run format cannot "
-            f"carry; {int(bad.sum())} such id(s) in all. Replace whitespace in ids upstream."
-        )
-    dup = ids.duplicated(keep=False)
-    if dup.any():
-        rows = np.flatnonzero(dup.to_numpy())
-        raise ValueError(
-            f"{what} {ids.iloc[rows[0]]!r} occurs more than once (rows {rows[:5].tolist()}); "
-            f"{int(ids.duplicated().sum())} duplicate(s) in all. Ids must be unique."
+            f"{what} {ids.iloc[row]!r} (row {offset + row}) contains whitespace, which the TREC run format "
+            f"cannot carry; {int(bad.sum())} such id(s) in all. Replace whitespace in ids upstream."
         )
 
 
-def _passage_table(passages: pd.DataFrame) -> pd.DataFrame:
-    """(id, contents) rows, with every problem Anserini would silently skip turned into an error."""
+def _check_unique(ids: pa.Array | pa.ChunkedArray, what: str) -> None:
+    """No id may occur twice. Arrow strings take about 16 bytes an id (140 MB for MS MARCO's
+    8.8M passages), where a set of Python strings would take about 100."""
+    counts = pc.value_counts(ids)
+    repeated = pc.greater(counts.field("counts"), 1)
+    if not pc.any(repeated).as_py():
+        return
+    values = counts.field("values").filter(repeated)
+    rows = np.flatnonzero(pc.is_in(ids, value_set=values).to_numpy(zero_copy_only=False))
+    first = pc.take(ids, pa.array(rows[:1]))[0].as_py()
+    raise ValueError(
+        f"{what} {first!r} occurs more than once (rows {rows[:5].tolist()}); "
+        f"{len(ids) - len(counts)} duplicate(s) in all. Ids must be unique."
+    )
+
+
+def _check_ids(ids: pd.Series, what: str) -> None:
+    _check_whitespace(ids, what)
+    _check_unique(pa.array(ids.to_numpy(), type=pa.string()), what)
+
+
+def _passage_table(passages: pd.DataFrame, offset: int = 0) -> pd.DataFrame:
+    """(id, contents) rows of one piece of the passages, whose first row is row ``offset`` of the
+    table, with every problem Anserini would silently skip turned into an error (duplicate ids,
+    which span pieces, are checked by :func:`_check_unique`)."""
     for col in ("passage_id", "text"):
         if col not in passages.columns:
             raise ValueError(f"passages lack column {col!r}; have {list(passages.columns)}")
-    if len(passages) == 0:
-        raise ValueError("no passages to index")
     if passages["passage_id"].isna().any():
         row = int(np.flatnonzero(passages["passage_id"].isna().to_numpy())[0])
-        raise ValueError(f"passage_id is null at row {row}")
+        raise ValueError(f"passage_id is null at row {offset + row}")
     ids = passages["passage_id"].astype(str).reset_index(drop=True)
-    _check_ids(ids, "passage_id")
+    _check_whitespace(ids, "passage_id", offset)
     title = passages["title"] if "title" in passages.columns else pd.Series("", index=passages.index)
     contents = (
         title.fillna("").astype(str).reset_index(drop=True)
@@ -270,26 +295,44 @@ def _passage_table(passages: pd.DataFrame) -> pd.DataFrame:
         rows = np.flatnonzero(empty.to_numpy())
         raise ValueError(
             f"{len(rows)} passage(s) have an empty title and text (first: {ids.iloc[rows[0]]!r}, row "
-            f"{rows[0]}); Lucene would skip them. Drop empty passages before indexing."
+            f"{offset + rows[0]}); Lucene would skip them. Drop empty passages before indexing."
         )
     return pd.DataFrame({"id": ids, "contents": contents})
 
 
-def _write_collection(table: pd.DataFrame, directory: Path, n_files: int) -> None:
-    """Write a JsonCollection: ``n_files`` JSON-lines files (Anserini indexes one file per thread)."""
+def _write_collection(pieces: Iterable[pd.DataFrame], directory: Path, n_files: int) -> int:
+    """Write a JsonCollection of the passages given in pieces: each piece is spread over ``n_files``
+    JSON-lines files (Anserini indexes one file per thread), and files left empty are removed.
+    One piece is in memory at a time, plus the ids (for :func:`_check_unique`, run at the end).
+    Returns the number of passages written."""
     directory.mkdir(parents=True)
     encode = json.JSONEncoder(ensure_ascii=True).encode  # ASCII-only: lone surrogates survive as escapes
-    bounds = np.linspace(0, len(table), n_files + 1).astype(int)
-    ids, contents = table["id"].tolist(), table["contents"].tolist()
-    for i in range(n_files):
-        with open(directory / f"part-{i:05d}.jsonl", "w", encoding="ascii", newline="\n") as f:
-            for j in range(bounds[i], bounds[i + 1]):
-                f.write(encode({"id": ids[j], "contents": contents[j]}))
-                f.write("\n")
+    paths = [directory / f"part-{i:05d}.jsonl" for i in range(n_files)]
+    ids_seen: list[pa.Array] = []
+    n = 0
+    with ExitStack() as stack:
+        files = [stack.enter_context(open(p, "w", encoding="ascii", newline="\n")) for p in paths]
+        for piece in pieces:
+            table = _passage_table(piece, offset=n)
+            ids, contents = table["id"].tolist(), table["contents"].tolist()
+            ids_seen.append(pa.array(ids, type=pa.string()))
+            bounds = np.linspace(0, len(ids), n_files + 1).astype(int)
+            for f, lo, hi in zip(files, bounds[:-1], bounds[1:], strict=True):
+                for j in range(lo, hi):
+                    f.write(encode({"id": ids[j], "contents": contents[j]}))
+                    f.write("\n")
+            n += len(ids)
+    if n == 0:
+        raise ValueError("no passages to index")
+    _check_unique(pa.chunked_array(ids_seen, type=pa.string()), "passage_id")
+    for path in paths:
+        if path.stat().st_size == 0:
+            path.unlink()
+    return n
 
 
 def build_index(
-    passages: pd.DataFrame,
+    passages: pd.DataFrame | Iterable[pd.DataFrame],
     index_dir: str | os.PathLike,
     threads: int = 1,
     log_file: str | os.PathLike | None = None,
@@ -298,11 +341,15 @@ def build_index(
 ) -> dict:
     """Build a Lucene BM25 index of ``passages`` (``passage_id``, ``title``, ``text``) at ``index_dir``.
 
-    Each passage is indexed as ``title + "\\n" + text`` (title may be empty or absent). The index
-    is built in a temporary directory beside ``index_dir`` and renamed onto it only when Anserini
-    succeeded and indexed exactly ``len(passages)`` documents; an existing ``index_dir`` is replaced.
-    On failure nothing is left behind. Java's output goes to the log (and ``log_file`` if given).
-    ``heap`` is the JVM's ``-Xmx``. ``store_raw`` keeps each passage's JSON in the index (Anserini's
+    ``passages`` is a table or its pieces (``schemas.iter_table``): one piece is in Python's memory
+    at a time, beside the ids (about 16 bytes each), so a corpus of any size is indexed in bounded
+    memory. Each passage is indexed as ``title + "\\n" + text`` (title may be empty or absent). The
+    index is built in a temporary directory beside ``index_dir`` and renamed onto it only when
+    Anserini succeeded and indexed exactly as many documents as were given; an existing
+    ``index_dir`` is replaced. On failure nothing is left behind. Java's output goes to the log (and
+    ``log_file`` if given). ``heap`` is the JVM's ``-Xmx``; Lucene buffers half of it in memory
+    before writing a segment (Anserini's ``-memoryBuffer``, whose own default of 4,096 MB would
+    exceed a 4 GB heap), so the JVM's memory is bounded by ``heap`` whatever the corpus. ``store_raw`` keeps each passage's JSON in the index (Anserini's
     ``-storeRaw``, for pyserini's ``doc()``); dprflow reads text from its passages table instead, and
     a raw field makes the index bigger and every hit slower to fetch (about 1.4x at k=100), so it is off.
 
@@ -311,14 +358,13 @@ def build_index(
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     start = time.perf_counter()
-    table = _passage_table(passages)
+    buffer_mb = max(1, heap_mb(heap) // 2)
+    pieces = [passages] if isinstance(passages, pd.DataFrame) else passages
     index_dir = Path(index_dir)
     index_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{index_dir.name}.", suffix=".tmp", dir=index_dir.parent))
     try:
-        n_files = max(1, min(threads, len(table)))
-        _write_collection(table, work / "collection", n_files)
-        del table
+        n_passages = _write_collection(pieces, work / "collection", threads)
         counts: dict[str, int] = {}
         errors: list[str] = []
 
@@ -334,17 +380,18 @@ def build_index(
 
         args = ["-collection", "JsonCollection", "-input", work / "collection", "-index", work / "index"]
         args += ["-generator", "DefaultLuceneDocumentGenerator", "-threads", threads]
+        args += ["-memoryBuffer", buffer_mb]
         if store_raw:
             args.append("-storeRaw")
         java_seconds = _run_java(
             "io.anserini.index.IndexCollection", args, heap=heap, log_file=log_file, on_line=on_line
         )
         n_docs = counts.get("total")
-        if n_docs != len(passages):
+        if n_docs != n_passages:
             found = "no 'Total N documents indexed' line" if n_docs is None else f"{n_docs} documents"
             others = ", ".join(f"{k}: {v}" for k, v in counts.items() if k != "total")
             raise BM25Error(
-                f"Anserini reported {found} for {len(passages)} passages ({others or 'no counters'})"
+                f"Anserini reported {found} for {n_passages} passages ({others or 'no counters'})"
                 + (f"; Java errors: {' | '.join(errors)}" if errors else "")
                 + "; see the log for Java's output"
             )

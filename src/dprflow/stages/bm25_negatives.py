@@ -37,6 +37,7 @@ def negatives(args: Args) -> None:
         k1=args.k1,
         b=args.b,
         threads=args.threads,
+        heap=f"{args.heap_mb}m",
         batch_size=max(1, args.hits_per_call // args.depth),
     )
     positives = read_positive_passages(args.qrels, args.passages)

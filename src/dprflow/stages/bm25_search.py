@@ -28,10 +28,18 @@ class LuceneArgs:
             "held at a time, so this bounds the memory of the JVM and of Python"
         },
     )
+    heap_mb: int = field(
+        default=4096,
+        metadata={
+            "help": "the JVM's heap (-Xmx) in MB: one call's hits must fit in it (2M hits ran in 1024)"
+        },
+    )
 
     def check(self) -> None:
         if self.hits_per_call < 1:
             raise ValueError(f"--hits-per-call must be at least 1, got {self.hits_per_call}")
+        if self.heap_mb < 64:
+            raise ValueError(f"--heap-mb must be at least 64, got {self.heap_mb}")
 
 
 @dataclass
@@ -64,6 +72,7 @@ def search(args: Args) -> None:
         k1=args.k1,
         b=args.b,
         threads=args.threads,
+        heap=f"{args.heap_mb}m",
         batch_size=max(1, args.hits_per_call // args.k),
     )
     counts = write_run_pieces(pieces, args.out, args.trec, tag="bm25")
