@@ -61,8 +61,20 @@ PRESET = ROOT / "config" / "presets" / "msmarco-cocondenser.yaml"
 # from the key's value). pmi_count: about 290 MB + 24 B per max_distinct entry, measured by
 # ``--pmi`` from 20k to 320k passages at 2^18, 2^22 and 2^25 (docs/scale.md). Below the bound the
 # bench's sizes only show the growth towards it, so the projection is capped by it.
+# The BM25 jobs: the JVM's heap (-Xmx, bm25.heap_mb; Lucene's indexing buffer is half of it) plus
+# the JVM's own memory, Python's (one piece of passages or one call's hits) and the libraries,
+# about 640 MB measured by bench/bench_bm25_memory.py, plus the index's mapped pages (70 bytes a
+# passage measured, reclaimable).
+BM25_BOUND = (
+    "msmarco-cocondenser.yaml",
+    "bm25.heap_mb",
+    lambda v: v + 640 + 70 * MSMARCO["passages"] / 2**20,
+)
 MEMORY_BOUNDS = {
     "pmi_count": ("msmarco-cdmae.yaml", "pretrain.pmi.max_distinct", lambda v: 290 + 24 * v / 2**20),
+    "bm25_index": BM25_BOUND,
+    "bm25_search": BM25_BOUND,
+    "bm25_negatives": BM25_BOUND,
 }
 SEED = 13
 
@@ -563,10 +575,13 @@ def memory_bound(rule: str) -> tuple[float, str] | None:
     if rule not in MEMORY_BOUNDS:
         return None
     preset, key, mb = MEMORY_BOUNDS[rule]
-    value = yaml.safe_load((ROOT / "config" / "presets" / preset).read_text())
-    for part in key.split("."):
-        value = value[part]
-    return mb(value), f"bounded by {key} ({value} in {preset})"
+    for source in (ROOT / "config" / "presets" / preset, ROOT / "config" / "config.yaml"):
+        value = yaml.safe_load(source.read_text())  # the preset's value, else the default
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None:
+            return mb(value), f"bounded by {key} ({value} in {source.name})"
+    raise KeyError(f"{key} is in neither {preset} nor config/config.yaml")
 
 
 def summarise(
