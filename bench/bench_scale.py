@@ -351,25 +351,37 @@ def read_benchmarks(workdir: Path) -> dict[str, dict]:
 
 
 def run_size(
-    work: Path, passages: int, documents: int | None, model: Path, shards: int, pattern: str = ALL_STAGES
+    work: Path,
+    passages: int,
+    documents: int | None,
+    model: Path,
+    shards: int,
+    pattern: str = ALL_STAGES,
+    run: bool = True,
 ) -> list[dict]:
-    beir = work / "data" / f"passages-{passages}"
-    write_beir(beir, passages, 55, seed=SEED + passages)
-    doc_beir = None
-    if documents:
-        doc_beir = work / "data" / f"documents-{documents}"
-        write_beir(doc_beir, documents, 1100, seed=SEED + documents, with_queries=False)
+    """The records of one size: its workflow run (unless ``run`` is False: the benchmark files of
+    an earlier run of that size are read as they are), then compare in a child."""
     workdir = work / f"run-{passages}-{documents or 0}"
-    workdir.mkdir(parents=True, exist_ok=True)
-    config = workdir / "config.yaml"
-    config.write_text(yaml.safe_dump(bench_config(beir, doc_beir, model, shards), sort_keys=False))
-    t0 = time.perf_counter()
-    result = snakemake(workdir, config, *targets(pattern), "--cores", "1", "--keep-going")
-    print(
-        f"passages {passages}, documents {documents}: workflow {time.perf_counter() - t0:.0f} s", flush=True
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"snakemake failed in {workdir}:\n{result.stderr[-5000:]}")
+    if run:
+        beir = work / "data" / f"passages-{passages}"
+        write_beir(beir, passages, 55, seed=SEED + passages)
+        doc_beir = None
+        if documents:
+            doc_beir = work / "data" / f"documents-{documents}"
+            write_beir(doc_beir, documents, 1100, seed=SEED + documents, with_queries=False)
+        workdir.mkdir(parents=True, exist_ok=True)
+        config = workdir / "config.yaml"
+        config.write_text(yaml.safe_dump(bench_config(beir, doc_beir, model, shards), sort_keys=False))
+        t0 = time.perf_counter()
+        result = snakemake(workdir, config, *targets(pattern), "--cores", "1", "--keep-going")
+        print(
+            f"passages {passages}, documents {documents}: workflow {time.perf_counter() - t0:.0f} s",
+            flush=True,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"snakemake failed in {workdir}:\n{result.stderr[-5000:]}")
+    elif not (workdir / "results" / "benchmarks").is_dir():
+        raise FileNotFoundError(f"{workdir}: no earlier run of {passages} passages to read (--no-run)")
     stages = read_benchmarks(workdir)
     if chosen(pattern, "compare"):
         seconds, rss = run_compare(workdir)
@@ -686,6 +698,12 @@ def main() -> None:
         "data path at a larger size; only the targets these need are run",
     )
     parser.add_argument(
+        "--no-run",
+        action="store_true",
+        help="run no workflow: read the benchmark files that earlier runs of these sizes left in --work "
+        "(after stages were rerun there on their own) and summarise them",
+    )
+    parser.add_argument(
         "--pmi",
         default="",
         help="passage counts at which to measure pmi_count and pmi alone (results/bench/pmi_scale.json)",
@@ -718,7 +736,7 @@ def main() -> None:
             if r["passages"] not in passages or not chosen(args.stages, r["stage"], r["rule"])
         ]
     for n, d in zip(passages, documents, strict=True):
-        records += run_size(work, n, d, model, args.shards, args.stages)
+        records += run_size(work, n, d, model, args.shards, args.stages, run=not args.no_run)
 
     # What each rule declares: the largest over every preset's dry run (paper scale), then, for
     # rules no preset runs (contriever), the bench config's own.
