@@ -164,3 +164,24 @@ def test_a_rows_provenance_leaves_out_its_exports(tmp_path):
     (row / f"run.parquet{provenance.SUFFIX}").write_text("{}")
     found = {p.relative_to(row).as_posix() for p in row_artifacts(tmp_path, "tiny", "m/r2")}
     assert found == {"model/provenance.json", "embeddings/provenance.json", "run.parquet.provenance.json"}
+
+
+def test_the_results_root_is_not_hashed_only_the_files_named_in_it(tmp_path):
+    """compare and report_results get the results folder to resolve paths against: hashing it would
+    read every embedding of the run and race export_model rewriting a hub/ beside the report (a
+    fresh-clone make test failed on r2/hub/sentence_bert_config.json vanishing mid-hash)."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Args:
+        results_dir: str
+        metrics_files: list
+        out: str
+
+    metrics = tmp_path / "results" / "m.parquet"
+    metrics.parent.mkdir()
+    metrics.write_bytes(b"metrics")
+    (tmp_path / "results" / "hub").mkdir()
+    (tmp_path / "results" / "hub" / "modules.json").write_text("[]")
+    args = Args(str(tmp_path / "results"), [str(metrics)], str(tmp_path / "results" / "compare.csv"))
+    assert provenance.input_hashes(args) == {str(metrics): hashlib.sha256(b"metrics").hexdigest()}

