@@ -268,6 +268,28 @@ def test_store_files_dtype_pickle_and_no_temporary_left(tok, tmp_path):
     assert starts.tolist() == [0, 4] and stops.tolist() == [4, 8] and dropped == 1
 
 
+def test_reorder_copies_tokens_sentences_and_importance_in_the_new_order(tok, tmp_path):
+    from dprflow.data.token_store import reorder
+
+    docs = [([5, 6, 7, 8], [0, 2, 4]), ([], [0]), ([9], [0, 1]), ([1, 2, 3], [0, 1, 3])]
+    with TokenStoreWriter(tmp_path / "s", tok, "document-sentences") as writer:
+        for ids, sentences in docs:
+            writer.add(ids, sentences=np.asarray(sentences), importance=np.arange(len(ids)) / 10 + ids[:1])
+    source = writer.store
+    order = np.array([3, 1, 0, 2])
+    copy = reorder(source, order, tmp_path / "sorted", tok)
+    assert copy.meta["view"] == "document-sentences" and len(copy) == len(source)
+    for i, j in enumerate(order):
+        assert copy[i].tolist() == source[j].tolist()
+        assert copy.lengths[i] == source.lengths[j]
+        a, b = copy.offsets[i], copy.offsets[i + 1]
+        c, d = source.offsets[j], source.offsets[j + 1]
+        np.testing.assert_array_equal(copy.importance[a:b], source.importance[c:d])
+        first, last = copy.doc_sentences[i], copy.doc_sentences[i + 1]
+        src_first, src_last = source.doc_sentences[j], source.doc_sentences[j + 1]
+        assert (copy.sentences[first:last] - a).tolist() == (source.sentences[src_first:src_last] - c).tolist()
+
+
 def test_split_documents_are_an_error(tok, tmp_path):
     rows = [(f"{d}#{p}", d, p, "", "some words here", 3) for d, p in (("a", 0), ("b", 0), ("a", 1))]
     path = tmp_path / "passages.parquet"

@@ -22,7 +22,7 @@ A store is a folder:
 :class:`TokenStoreWriter` appends documents batch by batch (nothing but the current batch in
 memory) to a temporary folder beside the target and renames it on success, so a failed job
 leaves nothing that looks finished. :func:`reorder` rewrites a store with its documents in
-another order, copying slices from the memory-mapped source (documents are read from a passages
+another order, reading the source's slices with ``pread`` (documents are read from a passages
 table in file order, and the pre-training methods order them by ``doc_id``).
 """
 
@@ -245,18 +245,51 @@ class TokenStoreWriter:
 
 def reorder(source: TokenStore, order: np.ndarray, path: str | os.PathLike, tokenizer) -> TokenStore:
     """A copy of ``source`` at ``path`` whose document ``i`` is ``source[order[i]]`` (sentences
-    and importance follow), written document by document from the memory-mapped source."""
+    and importance follow), written document by document. The source's tokens, sentences and
+    importance are read with ``pread``, not through its memory maps: the order is random over the
+    file, and mapped pages would stay in the job's resident memory until it ends (the whole
+    source store: 9 GB for MS MARCO's 3.2M documents); read this way only the offsets are resident."""
     meta = {k: v for k, v in source.meta.items() if k not in ("documents", "tokens")}
-    with TokenStoreWriter(path, tokenizer, meta.pop("view"), meta) as writer:
-        for i in np.asarray(order, dtype=np.int64):
-            start, stop = int(source.offsets[i]), int(source.offsets[i + 1])
-            sentences = None
-            if source.sentences is not None:
-                first, last = int(source.doc_sentences[i]), int(source.doc_sentences[i + 1])
-                sentences = np.append(source.sentences[first:last] - start, stop - start)
-            importance = None if source.importance is None else source.importance[start:stop]
-            writer.add(source.tokens[start:stop], sentences, importance)
-        return writer.close()
+    offsets = np.asarray(source.offsets)
+    doc_sentences = None if source.doc_sentences is None else np.asarray(source.doc_sentences)
+    files = {
+        name: open(source.path / f"{name}.bin", "rb")
+        for name, array in (
+            ("tokens", source.tokens),
+            ("sentences", source.sentences),
+            ("importance", source.importance),
+        )
+        if array is not None and len(array)
+    }
+    try:
+        with TokenStoreWriter(path, tokenizer, meta.pop("view"), meta) as writer:
+            for i in np.asarray(order, dtype=np.int64):
+                start, stop = int(offsets[i]), int(offsets[i + 1])
+                ids = _read(files, "tokens", source.tokens.dtype, start, stop)
+                sentences = None
+                if doc_sentences is not None:
+                    first, last = int(doc_sentences[i]), int(doc_sentences[i + 1])
+                    starts = _read(files, "sentences", np.dtype(INDEX_DTYPE), first, last)
+                    sentences = np.append(starts - start, stop - start)
+                importance = None
+                if source.importance is not None:
+                    importance = _read(files, "importance", np.dtype(np.float32), start, stop)
+                writer.add(ids, sentences, importance)
+            return writer.close()
+    finally:
+        for fh in files.values():
+            fh.close()
+
+
+def _read(files: dict, name: str, dtype: np.dtype, start: int, stop: int) -> np.ndarray:
+    """Items ``start..stop-1`` of a store file, by ``pread`` (an empty range reads nothing)."""
+    if stop <= start:
+        return np.zeros(0, dtype=dtype)
+    size = (stop - start) * dtype.itemsize
+    data = os.pread(files[name].fileno(), size, start * dtype.itemsize)
+    if len(data) != size:
+        raise ValueError(f"{files[name].name}: {len(data)} bytes at item {start}, expected {size}")
+    return np.frombuffer(data, dtype=dtype)
 
 
 class Ranges(Sequence):
