@@ -103,7 +103,9 @@ def test_qac_cocondenser_passages_are_144_tokens_not_a_span(data, tmp_path):
     assert args.max_passage_tokens == 144
     items, _ = pretrain_corpus.training_items(args, tok, str(tmp_path / "a"))
     assert min(len(it.passage) for it in items) == 25  # 25 words, whole (they were cut to span_max)
-    short = pretrain_corpus.training_items(dataclasses.replace(args, max_passage_tokens=10), tok, str(tmp_path / "b"))[0]
+    short = pretrain_corpus.training_items(
+        dataclasses.replace(args, max_passage_tokens=10), tok, str(tmp_path / "b")
+    )[0]
     assert max(len(it.passage) for it in short) == 10
 
 

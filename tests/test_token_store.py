@@ -287,7 +287,9 @@ def test_reorder_copies_tokens_sentences_and_importance_in_the_new_order(tok, tm
         np.testing.assert_array_equal(copy.importance[a:b], source.importance[c:d])
         first, last = copy.doc_sentences[i], copy.doc_sentences[i + 1]
         src_first, src_last = source.doc_sentences[j], source.doc_sentences[j + 1]
-        assert (copy.sentences[first:last] - a).tolist() == (source.sentences[src_first:src_last] - c).tolist()
+        assert (copy.sentences[first:last] - a).tolist() == (
+            source.sentences[src_first:src_last] - c
+        ).tolist()
 
 
 def test_split_documents_are_an_error(tok, tmp_path):
