@@ -464,3 +464,28 @@ def test_streamed_reads_do_not_keep_the_row_groups_they_have_read(tmp_path, read
         held = max(held, pa.total_allocated_bytes() - before)
     assert seen == n_groups * rows
     assert held < file_bytes / 4, (held, file_bytes)
+
+
+def test_in_set_is_pandas_isin_for_every_kind_of_column():
+    """The piece-by-piece readers (run_passages, read_positive_passages, score_candidates) test
+    membership with Arrow's is_in against a set built once; it must keep exactly isin's rows."""
+    import pyarrow as pa
+
+    from dprflow.data.ids import id_set, in_set
+
+    rng = np.random.default_rng(3)
+    universe = np.array([f"d{i}#{i % 3}" for i in range(400)], dtype=object)
+    wanted = pd.Index(rng.choice(universe, 150))  # with repeats
+    column = pd.Series(rng.choice(universe, 1000))
+    expected = column.isin(wanted).to_numpy()
+    ids = id_set(wanted)
+    assert len(ids) == wanted.nunique()
+    for values in (
+        column,
+        column.astype(object),
+        column.tolist(),
+        pa.chunked_array([column.tolist()[:10], column.tolist()[10:]]),
+    ):
+        np.testing.assert_array_equal(in_set(values, ids), expected)
+    assert not in_set(column, id_set([])).any()
+    assert in_set([], ids).shape == (0,)

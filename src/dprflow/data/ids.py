@@ -3,7 +3,8 @@
 :class:`IdIndex` sorts the ids once as fixed-width bytes and finds each id by binary search:
 the ids' bytes plus 8 bytes an id (about 130 MB for MS MARCO's 8.8M passage ids), where a hash
 table of Python strings costs about 100 bytes an id, and Arrow's ``index_in`` rebuilds its hash
-set on every call.
+set on every call. :func:`id_set` and :func:`in_set` keep the rows of a table read in pieces whose
+id is in a set.
 """
 
 from __future__ import annotations
@@ -55,3 +56,26 @@ class IdIndex:
             values = values.combine_chunks()
         encoded = pc.dictionary_encode(values)
         return self.rows(encoded.dictionary)[encoded.indices.to_numpy(zero_copy_only=False)]
+
+
+def id_set(ids) -> pa.Array:
+    """Distinct string ids as an Arrow array, the value set of :func:`in_set`."""
+    return pc.unique(_strings(ids))
+
+
+def in_set(values, ids: pa.Array) -> np.ndarray:
+    """Whether each of ``values`` (a pandas column, a list or an Arrow array of strings) is one
+    of ``ids`` (:func:`id_set`), as a numpy bool mask. Arrow's ``is_in``: pandas' ``isin`` on an
+    Arrow-backed string column converts every id of the set to an Arrow scalar in Python on each
+    call, so a table read in k pieces paid k times the set (evaluate at 1M passages: 16 of its
+    33 s; 2.5 s a piece for a set of 500k ids, 0.13 s here)."""
+    return pc.is_in(_strings(values), value_set=ids).to_numpy(zero_copy_only=False)
+
+
+def _strings(values):
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if isinstance(values, pa.Array):
+        return values.cast(pa.string())
+    array = pa.array(values, pa.string())
+    return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array

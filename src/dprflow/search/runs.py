@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dprflow.data.ids import id_set, in_set
 from dprflow.data.schemas import TableWriter, atomic_path, iter_table, read_table
 
 log = logging.getLogger(__name__)
@@ -82,9 +83,9 @@ def run_passages(
     """The passages among ``passage_ids``, read piece by piece, so memory follows the run rather
     than the corpus; ``columns`` (default: passage_id and doc_id, no text) are those read."""
     columns = columns or ["passage_id", "doc_id"]
-    wanted = pd.Index(pd.unique(pd.Series(passage_ids, dtype=object)))
+    wanted = id_set(list(passage_ids) if not isinstance(passage_ids, pd.Series) else passage_ids)
     parts = [
-        piece[piece["passage_id"].isin(wanted)]
+        piece[in_set(piece["passage_id"], wanted)]
         for piece in iter_table(passages_path, "passages", columns, batch_rows=1 << 18)
     ]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
@@ -94,9 +95,9 @@ def read_positive_passages(qrels_path: str | Path, passages_path: str | Path) ->
     """:func:`positive_passages` of two tables on disk, reading of the passages only the ids of
     the judged documents' passages (not the corpus's text), so memory follows the qrels."""
     qrels = read_table(qrels_path, "qrels")
-    judged = qrels.loc[qrels["relevance"] > 0, "doc_id"].unique().tolist()
+    judged = id_set(qrels.loc[qrels["relevance"] > 0, "doc_id"])
     parts = [
-        piece[piece["doc_id"].isin(judged)]
+        piece[in_set(piece["doc_id"], judged)]
         for piece in iter_table(passages_path, "passages", ["passage_id", "doc_id"], batch_rows=1 << 18)
     ]
     passages = (

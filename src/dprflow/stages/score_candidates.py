@@ -13,6 +13,7 @@ import pandas as pd
 import torch
 
 from dprflow.cli import run_stage
+from dprflow.data.ids import id_set, in_set
 from dprflow.data.schemas import iter_table, read_table, write_table
 from dprflow.finetuning.reranking import score_with_reranker
 from dprflow.precision import PRECISIONS
@@ -60,9 +61,10 @@ def score(args: Args) -> None:
         log.info("labelling a stable subset of %d training queries", len(queries))
     # The pool is read piece by piece, keeping the candidates of the labelled queries, and of the
     # passages only those of the pairs: memory follows the pairs, not the pool or the corpus.
+    labelled = id_set(queries.index)
     negatives = pd.concat(
         [
-            piece[(piece["rank"] <= args.candidates) & piece["query_id"].isin(queries.index)]
+            piece[(piece["rank"] <= args.candidates).to_numpy() & in_set(piece["query_id"], labelled)]
             for piece in iter_table(args.negatives, "negatives", batch_rows=1 << 20)
         ]
         or [read_table(args.negatives, "negatives")],
