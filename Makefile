@@ -52,7 +52,7 @@ dry-run: setup
 	$(BIN)/snakemake -n --cores $(CORES) --configfile $(CONFIG)
 
 test: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 lint: setup
 	$(BIN)/ruff check src tests bench scripts

@@ -26,7 +26,9 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The files that run Snakemake end to end take minutes each: they are handed out first, so that
-# the longest file does not start last and leave the other process idle.
+# the longest file does not start last and leave the other process idle. xdist keeps this order
+# only with --no-loadscope-reorder (the Makefile passes it); by default it hands out the files
+# with the most tests first, which put tests/test_workflow.py near the end.
 SLOW_FILES = ("test_workflow.py", "test_slurm.py")
 
 
