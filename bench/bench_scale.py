@@ -673,10 +673,15 @@ def sizes(text: str) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--passages", default="10000,40000", help="comma-separated passage counts")
+    parser.add_argument(
+        "--passages",
+        default="10000,40000,160000",
+        help="comma-separated passage counts (three sizes: memory that approaches a bound is "
+        "projected as such only with three)",
+    )
     parser.add_argument(
         "--documents",
-        default="1000,4000",
+        default="1000,4000,16000",
         help="document counts of the document variant, one per passage size (empty: no document variant)",
     )
     parser.add_argument(

@@ -243,6 +243,27 @@ def test_ingest_streamed_in_batches_equals_the_whole_collection(tmp_path, batch)
         assert (out / f"{name}.parquet").read_bytes() == (tmp_path / f"whole-{name}.parquet").read_bytes()
 
 
+def test_ingest_batches_end_at_the_character_bound(tmp_path, capsys):
+    """A batch ends when its titles and texts reach --batch-chars, before --batch-documents: the
+    characters are 15, 13 | 0, 10, 8, 8 | 4 (d1-d2 reach 20, d3-d6 reach 26)."""
+    from dprflow.data.collections.beir import load_beir
+
+    folder = beir_folder(tmp_path)
+    out = tmp_path / "out"
+    argv = ["--source", "beir", "--path", str(folder), "--out-dir", str(out), "--batch-chars", "20"]
+    assert ingest.main(argv) == 0
+    meta = pq.ParquetFile(out / "documents.parquet").metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [2, 4, 1]
+    whole = load_beir(folder)
+    pd.testing.assert_frame_equal(
+        read_table(out / "documents.parquet", "documents"), stored(whole.documents, "documents", tmp_path)
+    )
+    with pytest.raises(SystemExit) as exit_:
+        ingest.main([*argv[:-1], "0"])
+    assert exit_.value.code == 2
+    assert "--batch-chars must be at least 1" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "corpus_tail, test_qrels, expected",
     [

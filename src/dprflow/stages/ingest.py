@@ -1,8 +1,8 @@
 """Stage ``ingest``: a named collection becomes documents.parquet, queries.parquet and qrels.parquet.
 
 The beir and ir_datasets sources stream their documents into documents.parquet batch by batch
-(``--batch-documents``): memory holds one batch and the set of document ids that the duplicate and
-qrels checks need. Every table appears only when the whole collection passed its checks (the
+(``--batch-documents``, ``--batch-chars``): memory holds one batch and the set of document ids that
+the duplicate and qrels checks need. Every table appears only when the whole collection passed its checks (the
 documents' writer is atomic and stays open until then).
 """
 
@@ -43,6 +43,12 @@ class Args:
         default=16384,
         metadata={"help": "beir, ir_datasets: documents read and written at a time (bounds memory)"},
     )
+    batch_chars: int = field(
+        default=1 << 25,
+        metadata={
+            "help": "beir, ir_datasets: a batch ends sooner when its titles and texts reach this many characters"
+        },
+    )
 
     def check(self) -> None:
         if self.source == "beir" and not self.path:
@@ -51,6 +57,8 @@ class Args:
             raise ValueError("--ir-datasets is required with --source ir_datasets")
         if self.batch_documents < 1:
             raise ValueError(f"--batch-documents must be at least 1, got {self.batch_documents}")
+        if self.batch_chars < 1:
+            raise ValueError(f"--batch-chars must be at least 1, got {self.batch_chars}")
 
 
 def check_collection(col: Collection, where: str) -> None:
@@ -126,7 +134,7 @@ def ingest(args: Args) -> None:
 
 def write_collection(args: Args, out: Path) -> None:
     with TableWriter(out / "documents.parquet", "documents") as writer:
-        documents = Documents(writer.write, args.batch_documents)
+        documents = Documents(writer.write, args.batch_documents, args.batch_chars)
         col, where = load(args, documents)
         empty = documents.empty
         if col.documents is not None:  # built in memory (embedded): checked and written here

@@ -33,7 +33,12 @@ class Collection:
 
 
 class Documents:
-    """A loader's documents, in read order, passed on ``batch_size`` at a time.
+    """A loader's documents, in read order, passed on ``batch_size`` at a time, or sooner when the
+    batch's titles and texts reach ``batch_chars`` characters: long documents (MS MARCO's average
+    about 6,600 characters; some are megabytes) would otherwise make a batch of 16,384 documents
+    hold about 110 MB of text three times over (the strings, the DataFrame, the Arrow table being
+    written): the benchmark's 16,000 documents of 1,100 words took 748 MB in ingest, 250 MB at
+    4,000 (bench/RESULTS.md, Scale).
 
     With ``write`` (e.g. ``TableWriter.write``) each full batch goes to it as a ``documents``
     DataFrame, so memory holds one batch plus :attr:`ids`; without it the batches are kept and
@@ -43,10 +48,18 @@ class Documents:
     passages and 0.35 GB for the 3.2M documents, against about 20 GB for the documents' text.
     """
 
-    def __init__(self, write: Callable[[pd.DataFrame], None] | None = None, batch_size: int = 16384):
+    def __init__(
+        self,
+        write: Callable[[pd.DataFrame], None] | None = None,
+        batch_size: int = 16384,
+        batch_chars: int = 1 << 25,
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        self.write, self.batch_size = write, batch_size
+        if batch_chars < 1:
+            raise ValueError(f"batch_chars must be at least 1, got {batch_chars}")
+        self.write, self.batch_size, self.batch_chars = write, batch_size, batch_chars
+        self._chars = 0  # characters of title and text in the current batch
         self.ids: set[str] = set()
         self.empty = 0  # documents whose title and text are both blank
         self._batch: list[tuple[str, str, str]] = []
@@ -61,7 +74,8 @@ class Documents:
         if not title.strip() and not text.strip():
             self.empty += 1
         self._batch.append((doc_id, title, text))
-        if len(self._batch) >= self.batch_size:
+        self._chars += len(title) + len(text)
+        if len(self._batch) >= self.batch_size or self._chars >= self.batch_chars:
             self.flush()
 
     def flush(self) -> None:
@@ -69,7 +83,7 @@ class Documents:
         if not self._batch:
             return
         batch = pd.DataFrame(self._batch, columns=DOCUMENT_COLUMNS)
-        self._batch = []
+        self._batch, self._chars = [], 0
         if self.write is None:
             self._kept.append(batch)
         else:
