@@ -44,7 +44,7 @@ class Args:
         metadata={"help": "beir, ir_datasets: documents read and written at a time (bounds memory)"},
     )
     batch_chars: int = field(
-        default=1 << 25,
+        default=1 << 23,
         metadata={
             "help": "beir, ir_datasets: a batch ends sooner when its titles and texts reach this many characters"
         },

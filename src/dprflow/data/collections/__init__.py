@@ -34,11 +34,12 @@ class Collection:
 
 class Documents:
     """A loader's documents, in read order, passed on ``batch_size`` at a time, or sooner when the
-    batch's titles and texts reach ``batch_chars`` characters: long documents (MS MARCO's average
-    about 6,600 characters; some are megabytes) would otherwise make a batch of 16,384 documents
-    hold about 110 MB of text three times over (the strings, the DataFrame, the Arrow table being
-    written): the benchmark's 16,000 documents of 1,100 words took 748 MB in ingest, 250 MB at
-    4,000 (bench/RESULTS.md, Scale).
+    batch's titles and texts reach ``batch_chars`` characters. Documents of MS MARCO's length
+    (about 1,100 words, 7,000 characters) would otherwise fill a batch of 16,384 with 110 MB of
+    text held several times over (the strings, the DataFrame, the Arrow table being written).
+    Ingest of the benchmark's synthetic 1,100-word documents, peak RSS: 748 MB at 16,000
+    documents with the document count alone; at 16,000 / 100,000 documents, 412 / 419 MB with
+    2^25 characters and 239 / 249 MB with 2^23, the default (about 1,200 such documents).
 
     With ``write`` (e.g. ``TableWriter.write``) each full batch goes to it as a ``documents``
     DataFrame, so memory holds one batch plus :attr:`ids`; without it the batches are kept and
@@ -52,7 +53,7 @@ class Documents:
         self,
         write: Callable[[pd.DataFrame], None] | None = None,
         batch_size: int = 16384,
-        batch_chars: int = 1 << 25,
+        batch_chars: int = 1 << 23,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
