@@ -92,7 +92,7 @@ def test_the_comparison_has_every_row(finished_run):
 def test_trec_files_give_the_comparison_s_numbers(finished_run):
     """Every row's run.doc.trec with the collection's qrels.test.trec, read by ir_measures, gives
     compare.csv's nDCG@10 and RR@10 to 1e-4 (ranx reads the same files in
-    test_passages_eval_compare.py, where its first evaluation compiles with numba once)."""
+    test_passages_eval_compare.py)."""
     import ir_measures
 
     workdir, _ = finished_run
