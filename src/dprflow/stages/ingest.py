@@ -2,8 +2,8 @@
 
 The beir and ir_datasets sources stream their documents into documents.parquet batch by batch
 (``--batch-documents``, ``--batch-chars``): memory holds one batch and the set of document ids that
-the duplicate and qrels checks need. Every table appears only when the whole collection passed its checks (the
-documents' writer is atomic and stays open until then).
+the duplicate and qrels checks need. Every table appears only when the whole collection passed its
+checks (the documents' writer is atomic and stays open until then).
 """
 
 from __future__ import annotations
