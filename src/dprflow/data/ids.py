@@ -77,5 +77,7 @@ def _strings(values):
         values = values.combine_chunks()
     if isinstance(values, pa.Array):
         return values.cast(pa.string())
+    if not isinstance(values, list | tuple) and not hasattr(values, "__array__"):
+        values = list(values)  # a set, a generator: any other iterable of ids
     array = pa.array(values, pa.string())
     return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array

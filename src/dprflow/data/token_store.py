@@ -252,28 +252,22 @@ def reorder(source: TokenStore, order: np.ndarray, path: str | os.PathLike, toke
     meta = {k: v for k, v in source.meta.items() if k not in ("documents", "tokens")}
     offsets = np.asarray(source.offsets)
     doc_sentences = None if source.doc_sentences is None else np.asarray(source.doc_sentences)
-    files = {
-        name: open(source.path / f"{name}.bin", "rb")
-        for name, array in (
-            ("tokens", source.tokens),
-            ("sentences", source.sentences),
-            ("importance", source.importance),
-        )
-        if array is not None and len(array)
-    }
+    arrays = {"tokens": source.tokens, "sentences": source.sentences, "importance": source.importance}
+    files = {name: open(a.filename, "rb") for name, a in arrays.items() if isinstance(a, np.memmap)}
     try:
         with TokenStoreWriter(path, tokenizer, meta.pop("view"), meta) as writer:
             for i in np.asarray(order, dtype=np.int64):
                 start, stop = int(offsets[i]), int(offsets[i + 1])
-                ids = _read(files, "tokens", source.tokens.dtype, start, stop)
+                ids = _read(files, arrays, "tokens", start, stop)
                 sentences = None
                 if doc_sentences is not None:
                     first, last = int(doc_sentences[i]), int(doc_sentences[i + 1])
-                    starts = _read(files, "sentences", np.dtype(INDEX_DTYPE), first, last)
-                    sentences = np.append(starts - start, stop - start)
+                    sentences = np.append(
+                        _read(files, arrays, "sentences", first, last) - start, stop - start
+                    )
                 importance = None
                 if source.importance is not None:
-                    importance = _read(files, "importance", np.dtype(np.float32), start, stop)
+                    importance = _read(files, arrays, "importance", start, stop)
                 writer.add(ids, sentences, importance)
             return writer.close()
     finally:
@@ -281,8 +275,10 @@ def reorder(source: TokenStore, order: np.ndarray, path: str | os.PathLike, toke
             fh.close()
 
 
-def _read(files: dict, name: str, dtype: np.dtype, start: int, stop: int) -> np.ndarray:
-    """Items ``start..stop-1`` of a store file, by ``pread`` (an empty range reads nothing)."""
+def _read(files: dict, arrays: dict[str, np.ndarray], name: str, start: int, stop: int) -> np.ndarray:
+    """Items ``start..stop-1`` of the store's array ``name``, by ``pread`` from its file (an
+    empty range, or an empty file, reads nothing)."""
+    dtype = arrays[name].dtype
     if stop <= start:
         return np.zeros(0, dtype=dtype)
     size = (stop - start) * dtype.itemsize

@@ -83,7 +83,7 @@ def run_passages(
     """The passages among ``passage_ids``, read piece by piece, so memory follows the run rather
     than the corpus; ``columns`` (default: passage_id and doc_id, no text) are those read."""
     columns = columns or ["passage_id", "doc_id"]
-    wanted = id_set(list(passage_ids) if not isinstance(passage_ids, pd.Series) else passage_ids)
+    wanted = id_set(passage_ids)
     parts = [
         piece[in_set(piece["passage_id"], wanted)]
         for piece in iter_table(passages_path, "passages", columns, batch_rows=1 << 18)
