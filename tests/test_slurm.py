@@ -151,3 +151,22 @@ def test_a_failing_job_fails_the_run_and_names_its_rule(runs):
     assert "Error in rule ingest" in runs["out"], runs["out"][-4000:]
     assert "collection=broken" in runs["out"]
     assert not (runs["dir"] / BROKEN_TARGET).exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the script stops at once without root")
+def test_the_start_script_leaves_a_real_clusters_config_alone(tmp_path):
+    """A slurm.conf the script did not write is a real cluster's: it stops before installing or
+    writing anything, naming the file."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=real\nSlurmctldHost=head01\n")
+    result = subprocess.run(
+        ["bash", str(START)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SLURM_CONF": str(conf)},
+    )
+    assert result.returncode == 1
+    assert f"{conf} was not written by this script" in result.stderr
+    assert "installing" not in result.stdout and "packages ready" not in result.stdout
+    assert conf.read_text() == "ClusterName=real\nSlurmctldHost=head01\n"

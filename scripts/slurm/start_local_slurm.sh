@@ -7,13 +7,15 @@
 #
 # Needs root (apt-get, daemons started directly, no systemd). Debian/Ubuntu only.
 # Environment: SLURM_START_TIMEOUT (seconds to wait for the node, default 60),
-#              SLURM_MEM_MARGIN_MB (memory kept back from Slurm, default 1024).
+#              SLURM_MEM_MARGIN_MB (memory kept back from Slurm, default 1024),
+#              SLURM_CONF (the config file, as for Slurm itself; default /etc/slurm/slurm.conf).
+# A slurm.conf it did not write (a real cluster's) is left alone: the script stops first.
 set -euo pipefail
 
 TIMEOUT=${SLURM_START_TIMEOUT:-60}
 MARGIN_MB=${SLURM_MEM_MARGIN_MB:-1024}
-CONF_DIR=/etc/slurm
-CONF=$CONF_DIR/slurm.conf
+CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
+HEADER="# Written by scripts/slurm/start_local_slurm.sh"
 NODE=localhost
 PARTITION=local
 
@@ -24,6 +26,13 @@ t0=$(now_ms)
 die() { echo "start_local_slurm: $*" >&2; exit 1; }
 
 [ "$(id -u)" -eq 0 ] || die "must run as root (installs packages and starts slurmctld/slurmd as root)"
+# A slurm.conf this script did not write belongs to a real cluster: change nothing.
+if [ -f "$CONF" ]; then
+    case "$(head -1 "$CONF")" in
+        "$HEADER"*) ;;
+        *) die "$CONF was not written by this script (a real cluster's?); changed nothing" ;;
+    esac
+fi
 
 # ---- 1. packages ----------------------------------------------------------------------------
 need=()
@@ -77,10 +86,10 @@ mem_total=$(free -m | awk '/^Mem:/ {print $2}')
 real_mem=$((mem_total - MARGIN_MB))
 [ "$real_mem" -ge 512 ] || real_mem=$((mem_total * 3 / 4))
 def_mem=$((real_mem / cpus))
-install -d -m 0755 $CONF_DIR /var/lib/slurm/slurmctld /var/lib/slurm/slurmd /var/log/slurm
+install -d -m 0755 "$(dirname "$CONF")" /var/lib/slurm/slurmctld /var/lib/slurm/slurmd /var/log/slurm
 
 new_conf=$(cat <<CONF
-# Written by scripts/slurm/start_local_slurm.sh: a one-node cluster for tests. Do not edit;
+$HEADER: a one-node cluster for tests. Do not edit;
 # the script rewrites it.
 ClusterName=dprflow-local
 # Controller and compute node are this machine, under the name localhost (slurmd -N localhost).
@@ -131,8 +140,8 @@ PartitionName=$PARTITION Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 CONF
 )
 conf_changed=0
-if [ ! -f $CONF ] || [ "$(cat $CONF)" != "$new_conf" ]; then
-    printf '%s\n' "$new_conf" > $CONF
+if [ ! -f "$CONF" ] || [ "$(cat "$CONF")" != "$new_conf" ]; then
+    printf '%s\n' "$new_conf" > "$CONF"
     conf_changed=1
 fi
 
