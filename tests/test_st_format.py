@@ -421,8 +421,9 @@ def test_faiss_export_tells_pyserini_how_to_embed_queries(train_data, tiny_init)
 
 
 def test_export_model_writes_the_comparison_s_metrics_into_the_card(train_data, tiny_init):  # noqa: F811
-    """After the comparison, hub/ holds the model's files (hard links) and a card whose
-    model-index has the row's metrics from compare.csv; the model folder itself is untouched."""
+    """After the comparison, hub/ holds copies of the model's files and a card whose model-index
+    has the row's metrics from compare.csv; the model folder itself is untouched, also when a file
+    of hub/ is overwritten in place (issue 34: hard links made that the workflow's model)."""
     from dprflow.stages import export_model
 
     extra = dict(max_steps=1, method="cocondenser", role="r2")
@@ -450,10 +451,13 @@ def test_export_model_writes_the_comparison_s_metrics_into_the_card(train_data, 
     assert {m["name"]: m["value"] for r in results for m in r["metrics"]} == {"nDCG@10": 0.4321, "RR@10": 0.5}
     assert "| c | test | nDCG@10 | 0.4321 | 2 | 25 |" in card and "SentenceTransformer(path)" in card
     assert (folder / "README.md").read_text() == before
-    assert (hub / "model.safetensors").stat().st_ino == (folder / "model.safetensors").stat().st_ino
     assert not (hub / "events").exists()
     model = st.SentenceTransformer(str(hub), device="cpu")
     np.testing.assert_allclose(
         model.encode(TEXTS), st.SentenceTransformer(str(folder), device="cpu").encode(TEXTS), atol=1e-6
     )
+    weights = (folder / "model.safetensors").read_bytes()
+    with open(hub / "model.safetensors", "wb") as fh:  # `cp other.safetensors hub/...` writes in place
+        fh.write(b"other weights")
+    assert (folder / "model.safetensors").read_bytes() == weights
     assert export_model.main([*argv_[:-1], "e", "--out", str(train_data / "none")]) != 0  # no such row

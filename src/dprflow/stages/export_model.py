@@ -2,7 +2,8 @@
 
 A model's card is written when it is trained, before the comparison exists. After the
 comparison, this stage writes ``<out>/`` (``hub/`` beside the row's ``model/``): the model's files
-hard-linked (copied where links are impossible), without the training-run files a hub repository
+copied (reflinks where the file system has them; never hard links, which made a file written into
+``hub/`` the workflow's own model), without the training-run files a hub repository
 does not need (TensorBoard events, provenance), and a ``README.md`` whose Hugging Face metadata
 holds a ``model-index`` with the row's metrics from ``compare.csv``. ``huggingface-cli upload
 <repo> <out>`` publishes it as is.
@@ -29,11 +30,11 @@ from dprflow.finetuning.st_format import (
     comparison_metrics,
     row_name,
 )
+from dprflow.training.store import clone_file
 
 log = logging.getLogger("dprflow.export_model")
 
-# training-run files; the card is rewritten; Snakemake's stamp of the model folder (a shared link
-# would let Snakemake's touch of hub/ move the model's stamp and rerun all that follows it)
+# training-run files; the card is rewritten; Snakemake's stamp of the model folder
 LEFT_OUT = {"events", "provenance.json", CARD_FILE, ".snakemake_timestamp"}
 
 
@@ -47,18 +48,18 @@ class Args:
     out: str = field(metadata={"help": "folder to write"})
 
 
-def link_tree(src: Path, dst: Path) -> None:
-    """Hard-link every file of ``src`` into ``dst`` (copy across file systems), leaving out :data:`LEFT_OUT`."""
+def copy_tree(src: Path, dst: Path) -> None:
+    """Copy every file of ``src`` into ``dst`` (a reflink where the file system has them: no space
+    used, and a write to either file never reaches the other), leaving out :data:`LEFT_OUT`. Never
+    a hard link: an export is handed to users and tools that may overwrite its files in place, and
+    the workflow keeps reading the model folder it was copied from."""
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
         if rel.parts[0] in LEFT_OUT or path.is_dir():
             continue
         target = dst / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(path, target)
-        except OSError:
-            shutil.copy2(path, target)
+        clone_file(path, target)
 
 
 def export(args: Args) -> None:
@@ -81,7 +82,7 @@ def export(args: Args) -> None:
     tmp = out.parent / f".{out.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    link_tree(model, tmp)
+    copy_tree(model, tmp)
     (tmp / CARD_FILE).write_text(card)
     os.chmod(tmp, umask_mode(directory=True))
     shutil.rmtree(out, ignore_errors=True)
