@@ -244,6 +244,29 @@ def test_the_store_holds_tensorboard_events_packed_so_they_show_once(tmp_path):
     assert store.why_not(lambda folder: "") is None
 
 
+
+def test_a_store_whose_files_and_file_list_were_both_replaced_is_not_handed_back(tmp_path):
+    """Issue 34 case 4: another store's model and its files.json copied in (each consistent with
+    the other) are refused: the list's own SHA-256 is in the COMPLETE marker, with the identity."""
+    from dprflow.training.store import FILES_FILE, FinishedStore
+
+    def kept(name: str, weights: bytes) -> FinishedStore:
+        store = FinishedStore(tmp_path / name / "finished", "id", {"args": {}})
+
+        def write_model(folder: Path) -> None:
+            folder.mkdir()
+            (folder / "model.safetensors").write_bytes(weights)
+
+        store.keep(write_model, None, needed=7)
+        return store
+
+    ours, theirs = kept("ours", b"our weights"), kept("theirs", b"their weights")
+    assert ours.why_not(lambda folder: "") is None
+    for rel in ("model/model.safetensors", FILES_FILE):
+        shutil.copy(theirs.folder / rel, ours.folder / rel)
+    reason = ours.why_not(lambda folder: "")
+    assert reason is not None and FILES_FILE in reason
+
 def test_disk_full_while_saving_the_final_model_keeps_the_checkpoints(
     train_data, tiny_init, monkeypatch, capsys, caplog
 ):

@@ -11,7 +11,10 @@ back instead of training only when all three still hold (issue 22):
   (by SHA-256) and the torch and transformers versions (:func:`code_record`), so a change to the
   code that trains retrains;
 * the *bytes* are the same: every stored file's SHA-256 is checked against the list written when
-  the model was kept (``files.json``), so a file replaced inside the store is never handed back.
+  the model was kept (``files.json``), so a file replaced inside the store is never handed back;
+  and that list is checked against its own SHA-256, written into the ``COMPLETE`` marker with the
+  identity, so a store whose files and ``files.json`` were both replaced (another stage's model
+  copied in) is not handed back either.
 
 The store never shares a file with the output folder: files are copied (a reflink, which costs no
 space, where the file system supports one), so an edit of the output in place cannot reach the
@@ -26,6 +29,7 @@ why a store, rather than outputs that stay byte-identical across ``encode_shards
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -102,6 +106,17 @@ def read_code(folder: Path) -> dict[str, Any]:
         return {}
 
 
+def read_marker(folder: Path) -> dict[str, str]:
+    """The ``COMPLETE`` marker of a store: its identity and the SHA-256 of its ``files.json``
+    (empty when missing or unreadable; a store kept before the marker held both reads as other
+    arguments, and is trained again once)."""
+    try:
+        marker = json.loads((folder / "COMPLETE").read_text())
+    except (OSError, ValueError):
+        return {}
+    return marker if isinstance(marker, dict) else {}
+
+
 def clone_file(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     """Copy ``src`` to ``dst`` as a reflink where the file system supports one (no space used, and
     a later write to either file does not reach the other), else byte for byte. Never a hard link."""
@@ -136,15 +151,19 @@ class FinishedStore:
     def why_not(self, describe: Callable[[Path], str]) -> str | None:
         """Why the stored model must not be reused (None: it may). ``describe(folder)`` says how
         an identity differs (:meth:`Checkpoints.identity_difference`)."""
-        if (self.folder / "COMPLETE").read_text() != self.identity:
+        marker = read_marker(self.folder)
+        if marker.get("identity") != self.identity:
             return f"it was made with other arguments or data ({describe(self.folder)})"
         changed = code_changes(read_code(self.folder))
         if changed:
             return f"the code that trains changed since it was kept: {', '.join(changed[:8])}"
         try:
-            recorded = json.loads((self.folder / FILES_FILE).read_text())
+            text = (self.folder / FILES_FILE).read_text()
+            recorded = json.loads(text)
         except (OSError, ValueError):
             return f"{self.folder / FILES_FILE} is missing or unreadable"
+        if marker.get("files_sha256") != hashlib.sha256(text.encode()).hexdigest():
+            return f"{self.folder / FILES_FILE} is not the list of files this store was completed with"
         stored = {f"model/{k}": v for k, v in file_hashes(self.folder / "model").items()}
         if (self.folder / EVENTS_ARCHIVE).is_file():
             stored[EVENTS_ARCHIVE] = provenance.sha256_of(self.folder / EVENTS_ARCHIVE)
@@ -168,10 +187,12 @@ class FinishedStore:
                 with tarfile.open(tmp / EVENTS_ARCHIVE, "w") as archive:
                     archive.add(events, arcname=EVENTS_DIR)
                 hashes[EVENTS_ARCHIVE] = provenance.sha256_of(tmp / EVENTS_ARCHIVE)
-            (tmp / FILES_FILE).write_text(json.dumps(hashes, indent=1, sort_keys=True))
+            files = json.dumps(hashes, indent=1, sort_keys=True)
+            (tmp / FILES_FILE).write_text(files)
             (tmp / CODE_FILE).write_text(json.dumps(code_record(), indent=1))
             (tmp / IDENTITY_FILE).write_text(json.dumps(self.payload, indent=1, default=str))
-            (tmp / "COMPLETE").write_text(self.identity)
+            marker = {"identity": self.identity, "files_sha256": hashlib.sha256(files.encode()).hexdigest()}
+            (tmp / "COMPLETE").write_text(json.dumps(marker))
         except Exception as exc:
             full = disk_full_error(exc, tmp / "model", needed)
             shutil.rmtree(tmp, ignore_errors=True)
