@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 
 from dprflow.provenance import local_sha256
+from dprflow.stage_code import stage_sources
 
 # The stage modules run as `python -m dprflow.stages.<rule>`; the shell prefix makes the package
 # importable in every job (local, conda or cluster) without requiring it to be installed.
@@ -85,8 +86,9 @@ def model_init_fingerprint(wildcards):
 
 
 def stage_code(name):
-    """The stage module's file: an input of its rule, so editing the stage reruns it."""
-    return os.path.join(SRC, "dprflow", "stages", f"{name}.py")
+    """The stage module's file and those of every dprflow module it imports (dprflow.stage_code):
+    inputs of its rule, so editing the stage or any module it runs (a loss, the trainer) reruns it."""
+    return stage_sources(name, SRC)
 
 
 def collection_spec(wildcards):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -374,16 +375,23 @@ def planned_jobs(workdir: Path, configfile: Path, *extra: str) -> dict[str, int]
 @pytest.fixture(scope="module")
 def finished_tiny_results(tmp_path_factory):
     """A results folder that Snakemake takes as finished for the tiny config, made without running
-    a job: every output created empty, then `snakemake --touch` records the jobs' metadata."""
+    a job (:func:`touch_finished`)."""
     import yaml
 
     workdir = tmp_path_factory.mktemp("finished")
     config = yaml.safe_load(TINY.read_text())
     (workdir / "base.yaml").write_text(yaml.safe_dump(config))
+    touch_finished(workdir, ROOT / "Snakefile")
+    return workdir, config
+
+
+def touch_finished(workdir: Path, snakefile: Path) -> None:
+    """Make ``workdir`` a results folder that Snakemake takes as finished for ``workdir/base.yaml``:
+    every output created empty, then `snakemake --touch` records the jobs' metadata."""
     base = [
         *DRY_RUN[:1],
         "-s",
-        str(ROOT / "Snakefile"),
+        str(snakefile),
         "--configfile",
         str(workdir / "base.yaml"),
         "-d",
@@ -402,8 +410,7 @@ def finished_tiny_results(tmp_path_factory):
         [*base, "-c1", "--touch", "--forceall", "-q"], capture_output=True, text=True, timeout=300
     )
     assert touched.returncode == 0, touched.stderr[-3000:]
-    assert planned_jobs(workdir, workdir / "base.yaml") == {}
-    return workdir, config
+    assert planned_jobs(workdir, workdir / "base.yaml", "-s", str(snakefile)) == {}
 
 
 def _variant(workdir: Path, config: dict, name: str, **finetune) -> Path:
@@ -457,6 +464,36 @@ def test_more_encoding_shards_retrain_no_pretraining_and_no_first_retriever(fini
     assert jobs.get("encode_corpus", 0) > 0
     assert not [r for r in jobs if r.startswith("pretrain_")], jobs
     assert jobs.get("train_retriever", 0) == 2  # r2 and the distilled retriever, not r1
+
+
+def test_editing_a_module_a_stage_imports_reruns_that_stage_and_what_follows(finished_tiny_results, tmp_path):
+    """Issue 34 case 2: an edit of finetuning/losses.py (imported by the training stages, not
+    their own file) reruns the retrievers, the reranker and what follows them, and nothing
+    upstream (ingest, BM25, pre-training). The edit is made in a copy of the workflow's code (files
+    copied with their times), planned against the finished results with the mtime trigger alone
+    (the copy's paths are other inputs to the input-set trigger)."""
+    workdir, _ = finished_tiny_results
+    repo = tmp_path / "repo"
+    for folder in ("rules", "config", "src", "report", "envs"):
+        shutil.copytree(
+            ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+        )
+    shutil.copy2(ROOT / "Snakefile", repo / "Snakefile")
+    copy = ["-s", str(repo / "Snakefile"), "--rerun-triggers", "mtime"]
+    assert planned_jobs(workdir, workdir / "base.yaml", *copy) == {}
+    losses = repo / "src" / "dprflow" / "finetuning" / "losses.py"
+    losses.write_text(losses.read_text() + "\n# an edit\n")
+    jobs = planned_jobs(workdir, workdir / "base.yaml", *copy)
+    assert jobs.get("train_retriever") == 3 and jobs.get("train_reranker") == 1, jobs
+    upstream = (
+        "ingest",
+        "split_passages",
+        "bm25_index",
+        "bm25_search",
+        "pretrain_generic",
+        "pretrain_corpus",
+    )
+    assert not set(upstream) & set(jobs), jobs
 
 
 # ---- every setting that names a file is an input of the rules that read it ---------------------
