@@ -499,6 +499,14 @@ def test_editing_a_module_a_stage_imports_reruns_that_stage_and_what_follows(fin
 # ---- every setting that names a file is an input of the rules that read it ---------------------
 
 
+def test_a_generic_corpus_path_without_a_source_that_reads_it_is_refused(tmp_path):
+    """Issue 34 case 3: a path under the default source (pydoc) was ignored while recorded."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "a document"}\n')
+    message = config_problems(_set("pretrain.generic_corpus", {"source": "pydoc", "path": str(corpus)}))
+    assert "pretrain.generic_corpus.path" in message and "source 'pydoc' reads no path" in message
+
+
 def test_a_missing_configured_path_is_an_error_naming_its_key(tmp_path):
     corpus = {"source": "jsonl", "path": str(tmp_path / "no-such-corpus.jsonl")}
     message = config_problems(_set("pretrain.generic_corpus", corpus))

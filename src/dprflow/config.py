@@ -249,6 +249,12 @@ def _check_paths(config: dict) -> list[str]:
         if s["source"] == "beir"
     ]
     corpus = config["pretrain"]["generic_corpus"]
+    if corpus.get("path") and corpus["source"] == "pydoc":
+        return [
+            f"pretrain.generic_corpus.path = {corpus['path']!r} is set, but source 'pydoc' reads no path "
+            "(the installed Python's documentation); set pretrain.generic_corpus.source to jsonl or "
+            "passages to read the file, or remove the path"
+        ]
     if corpus.get("path"):
         paths.append(("pretrain.generic_corpus.path", corpus["path"]))
     elif corpus["source"] != "pydoc":
