@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -338,3 +339,98 @@ def test_tokenize_stage_writes_the_store_the_methods_read(data, tmp_path, capsys
     with pytest.raises(SystemExit):
         pretrain_tokenize.main([*argv[:-1], str(tmp_path / "x")])
     assert "--view documents reads a passages.parquet: give --corpus-path" in capsys.readouterr().err
+
+
+def small_store(tok, path, sentences: bool = False) -> TokenStore:
+    """Three documents (one empty) of the MiniLM vocabulary, with sentence cuts when asked."""
+    with TokenStoreWriter(path, tok, view="documents") as writer:
+        for ids in ([101, 2000, 2001], [], [2002, 2003, 2004, 2005]):
+            writer.add(ids, sentences=np.array([0, len(ids)]) if sentences else None)
+    return writer.store
+
+
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        (lambda p: (p / "tokens.bin").write_bytes((p / "tokens.bin").read_bytes()[:6]), "tokens.bin"),
+        (lambda p: (p / "offsets.bin").write_bytes((p / "offsets.bin").read_bytes()[:-8]), "offsets.bin"),
+        (
+            lambda p: (p / "offsets.bin").write_bytes(np.array([0, 5, 3, 7], np.int64).tobytes()),
+            "offsets.bin",
+        ),
+        (lambda p: (p / "sentences.bin").unlink(), "sentences.bin"),
+    ],
+    ids=["tokens truncated", "offsets truncated", "offsets falling", "sentences missing"],
+)
+def test_a_damaged_store_is_refused_with_its_path(tok, tmp_path, damage, named):
+    """Issue 34 case 5: a tokens.bin truncated from 25,326 to 12,000 bytes was read as empty
+    documents; every file is checked against meta.json and the others when the store opens."""
+    path = tmp_path / "store"
+    small_store(tok, path, sentences=True)
+    damage(path)
+    with pytest.raises(ValueError, match="damaged token store") as caught:
+        TokenStore(path)
+    assert str(path) in str(caught.value) and named in str(caught.value)
+
+
+def test_ids_beyond_the_vocabulary_are_refused_with_the_store_s_path(tok, tmp_path):
+    """Issue 34: ids past the vocabulary failed in the embedding (IndexError: index out of range)."""
+    path = tmp_path / "store"
+    small_store(tok, path)
+    tokens = np.fromfile(path / "tokens.bin", dtype=np.uint16)
+    tokens[2] = len(tok) + 5
+    tokens.tofile(path / "tokens.bin")
+    store = TokenStore(path)  # the sizes agree
+    with pytest.raises(ValueError, match=f"id {len(tok) + 5}, beyond the vocabulary") as caught:
+        store.check("documents", tok)
+    assert str(path) in str(caught.value)
+    assert store.largest_id(chunk=2) == len(tok) + 5  # read a chunk at a time, tails included
+
+
+def test_a_full_disk_while_tokenizing_names_the_path_and_leaves_no_temporary_folder(tok, tmp_path):
+    """Issue 34: ENOSPC raised twice (the write, then the close's flush) and the .tmp folder
+    survived every later run; now a one-line DiskFullError, the folder gone, and the folders
+    of earlier failed writers removed when the store is written again."""
+    import errno
+
+    from dprflow.data.schemas import DiskFullError
+
+    class FullFile:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            self.fh.close()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    stale = tmp_path / ".store.killed.tmp"
+    stale.mkdir()
+    with pytest.raises(DiskFullError, match="no space left on device while writing") as caught:
+        with TokenStoreWriter(tmp_path / "store", tok, view="documents") as writer:
+            writer.files["tokens"] = FullFile(writer.files["tokens"])
+            writer.add([101, 2000])
+    assert str(tmp_path / "store") in str(caught.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_scratch_folder_of_a_killed_process_is_removed_by_the_next_run(tmp_path):
+    """Issue 34: `.model.<pid>.tokens` stayed after kill -9, never removed. The next run removes
+    this host's folders whose process is gone, and leaves a live process's."""
+    import os
+    import socket
+    import subprocess
+
+    host = socket.gethostname()
+    gone = subprocess.Popen(["true"])  # a finished child: its pid names no process
+    gone.wait()
+    stale = tmp_path / f".model.{host}.{gone.pid}.tokens"
+    live = tmp_path / f".model.{host}.{os.getppid()}.tokens"
+    for folder in (stale, live):
+        folder.mkdir()
+    with corpus.scratch_dir(tmp_path / "model") as scratch:
+        Path(scratch).mkdir()
+        assert not stale.exists() and live.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name]

@@ -28,6 +28,8 @@ table in file order, and the pre-training methods order them by ``doc_id``).
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import hashlib
 import itertools
 import json
@@ -39,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from dprflow.data.schemas import disk_full_error
 
 FORMAT_VERSION = 1
 FILES = ("tokens", "offsets", "sentences", "doc_sentences", "importance")
@@ -56,10 +60,17 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
+class TokenStoreError(ValueError):
+    """A token store whose files do not agree with each other or with its ``meta.json``."""
+
+
 class TokenStore(Sequence):
     """A store opened read-only: item ``i`` is document ``i``'s token ids (``int64`` array).
 
-    Pickles as its path (DataLoader workers reopen the memory maps instead of copying them).
+    Opening checks the files against each other and against ``meta.json`` (sizes, offsets), so a
+    truncated or mixed-up store is refused with its path instead of read as empty documents;
+    :meth:`check` also reads every id once against the vocabulary. Pickles as its path
+    (DataLoader workers reopen the memory maps instead of copying them).
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
@@ -80,6 +91,42 @@ class TokenStore(Sequence):
         self.sentences = self._map("sentences", INDEX_DTYPE, optional=True)
         self.doc_sentences = self._map("doc_sentences", INDEX_DTYPE, optional=True)
         self.importance = self._map("importance", np.dtype(np.float32), optional=True)
+        self._check_files()
+
+    def _damaged(self, what: str) -> TokenStoreError:
+        return TokenStoreError(
+            f"{self.path}: damaged token store: {what}; delete the folder and run the workflow again "
+            "to tokenize it anew"
+        )
+
+    def _check_files(self) -> None:
+        """The sizes and offsets of the files against ``meta.json`` and each other (reads the
+        offsets, 8 bytes a document; never the tokens)."""
+        documents, tokens = self.meta.get("documents"), self.meta.get("tokens")
+        if not isinstance(documents, int) or not isinstance(tokens, int):
+            raise self._damaged("meta.json has no document and token counts")
+        sizes = {"offsets": documents + 1, "tokens": tokens}
+        if self.importance is not None:
+            sizes["importance"] = tokens
+        if self.doc_sentences is not None:
+            sizes["doc_sentences"] = documents + 1
+        for name, count in sizes.items():
+            array = getattr(self, name)
+            if len(array) != count:
+                raise self._damaged(
+                    f"{name}.bin holds {len(array)} values of {array.dtype.name}, meta.json says "
+                    f"{count} ({documents} documents, {tokens} tokens)"
+                )
+        offsets = np.asarray(self.offsets)
+        if offsets[0] != 0 or offsets[-1] != tokens or (len(offsets) > 1 and np.diff(offsets).min() < 0):
+            raise self._damaged(f"offsets.bin is not a rising sequence from 0 to {tokens} tokens")
+        if (self.sentences is None) != (self.doc_sentences is None):
+            raise self._damaged("sentences.bin and doc_sentences.bin must be there together")
+        if self.sentences is not None and len(self.sentences) != int(self.doc_sentences[-1]) + 1:
+            raise self._damaged(
+                f"sentences.bin holds {len(self.sentences)} values, doc_sentences.bin counts "
+                f"{int(self.doc_sentences[-1])} sentences (and their end)"
+            )
 
     def _map(self, name: str, dtype: np.dtype, optional: bool = False) -> np.ndarray | None:
         path = self.path / f"{name}.bin"
@@ -126,7 +173,23 @@ class TokenStore(Sequence):
                 f"{self.path}: written with tokenizer {self.meta['tokenizer']!r}, whose vocabulary differs "
                 f"from {getattr(tokenizer, 'name_or_path', tokenizer)!r}; tokenize with the stage's tokenizer"
             )
+        vocab = len(tokenizer) if tokenizer is not None else int(self.meta.get("vocab_size", 0))
+        largest = self.largest_id()
+        if vocab and largest >= vocab:
+            raise self._damaged(f"tokens.bin holds id {largest}, beyond the vocabulary of {vocab} ids")
         return self
+
+    def largest_id(self, chunk: int = 1 << 24) -> int:
+        """The largest token id in the store (-1 when empty), read by ``pread`` a chunk at a time:
+        the tokens' pages never stay in the job's memory (MS MARCO's documents: 1.5B tokens)."""
+        if not isinstance(self.tokens, np.memmap):
+            return int(self.tokens.max()) if len(self.tokens) else -1
+        largest, dtype = -1, self.tokens.dtype
+        with open(self.tokens.filename, "rb") as fh:
+            for start in range(0, len(self.tokens), chunk):
+                data = os.pread(fh.fileno(), chunk * dtype.itemsize, start * dtype.itemsize)
+                largest = max(largest, int(np.frombuffer(data, dtype=dtype).max()))
+        return largest
 
 
 class TokenStoreWriter:
@@ -145,6 +208,9 @@ class TokenStoreWriter:
     ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # What a killed or failed writer of the same store left (a Snakemake job writes it alone).
+        for stale in self.path.parent.glob(f".{glob.escape(self.path.name)}.*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent))
         self.dtype = token_dtype(len(tokenizer))
         self.meta = {
@@ -229,8 +295,11 @@ class TokenStoreWriter:
         return self.store
 
     def abort(self) -> None:
+        """Remove the temporary folder. Closing a file flushes its buffer, which fails again on a
+        full disk: that error is dropped, the folder goes all the same."""
         for fh in self.files.values():
-            fh.close()
+            with contextlib.suppress(OSError):
+                fh.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self) -> TokenStoreWriter:
@@ -238,9 +307,16 @@ class TokenStoreWriter:
 
     def __exit__(self, kind, value, tb) -> None:
         if kind is not None:
+            full = disk_full_error(value, self.path)  # measured before the folder goes
             self.abort()
+            if full is not None and full is not value:
+                raise full from value
         elif self.store is None:
-            self.close()
+            try:
+                self.close()
+            except BaseException as exc:
+                self.__exit__(type(exc), exc, exc.__traceback__)
+                raise
 
 
 def reorder(source: TokenStore, order: np.ndarray, path: str | os.PathLike, tokenizer) -> TokenStore:
