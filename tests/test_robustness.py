@@ -347,6 +347,19 @@ def test_a_group_larger_than_every_negative_pool_is_an_error(train_data, tiny_in
     assert "--group-size 20 needs 19 negatives per query" in err and "largest pool: 12" in err
 
 
+def test_training_qrels_all_of_relevance_zero_are_an_error_naming_the_file(train_data, tiny_init, capsys):
+    """Issue 34: qrels whose every relevance is 0 ended in an IndexError (examples.py:215)."""
+    from dprflow.data.schemas import read_table, write_table
+
+    qrels = read_table(train_data / "qrels.parquet", "qrels")
+    write_table(qrels.assign(relevance=0), train_data / "qrels.parquet", "qrels")
+    assert train_retriever.main(argv(train_data, tiny_init, "m")) == 1
+    err = capsys.readouterr().err
+    assert "no usable training query in split 'train'" in err and "'skipped_no_positive': 12" in err
+    assert str(train_data / "qrels.parquet") in err and "relevance > 0" in err
+    assert not (train_data / "m").exists()
+
+
 def test_queries_with_a_short_pool_are_counted_and_logged():
     from dprflow.finetuning.examples import check_pools
 

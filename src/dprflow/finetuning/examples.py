@@ -197,6 +197,8 @@ def read_pools(
     for piece in pieces(["query_id", "passage_id"] + ([order] if order else [])):
         q = queries.column_rows(piece["query_id"])
         piece, q = piece[q >= 0], q[q >= 0]
+        if not len(q):  # no row of these queries here (an empty piece, or qrels of none of them)
+            continue
         p = passages.column_rows(piece["passage_id"])
         if (p < 0).any():
             bad = piece.iloc[int(np.argmax(p < 0))]
@@ -328,13 +330,15 @@ def build_training_set(
     extra_negatives: Callable[[list[str]], Iterable[pd.DataFrame]] | None = None,
     teacher: str | None = None,
     where: str = "negatives",
+    qrels: str = "qrels",
 ) -> tuple[TrainingSet, dict[str, int]]:
     """Assemble the training queries of ``split``; returns them and the counts of what was skipped.
 
     ``positives``: (query_id, passage_id) pairs (:func:`dprflow.search.runs.positive_passages`);
     ``negatives`` and ``extra_negatives`` give the pool tables' pieces of the columns asked for
     (``negatives`` schema),
-    ``teacher`` is a ``scores`` table; passages are rows of ``passage_ids``."""
+    ``teacher`` is a ``scores`` table; passages are rows of ``passage_ids``; ``where`` and
+    ``qrels`` name the pools' and the positives' files in errors."""
     chosen = queries[queries["split"] == split]
     if chosen.empty:
         raise StageError(f"no query of split {split!r}; splits: {sorted(set(queries['split']))}")
@@ -344,7 +348,7 @@ def build_training_set(
     n = len(passage_ids)
     # Each query's positives in the order of the merge (as the former groupby kept them).
     ordered = positives.sort_values("query_id", kind="stable")
-    pos = read_pools(lambda columns: [ordered[columns]], qids, passage_ids, None, "qrels")
+    pos = read_pools(lambda columns: [ordered[columns]], qids, passage_ids, None, qrels)
     pools, removed = without_positives(read_pools(negatives, qids, passage_ids, "rank", where), pos, n)
     extra = None
     if extra_negatives is not None:
@@ -374,7 +378,13 @@ def build_training_set(
     for reason, value in counts.items():
         log.info("training queries, %s: %d", reason, value)
     if not len(kept):
-        raise StageError(f"no usable training query in split {split!r}: {counts}")
+        why = ""
+        if counts["skipped_no_positive"] == counts["queries"]:
+            why = (
+                f"; none of them has a relevant passage (a qrels row of relevance > 0 whose document "
+                f"has passages) in {qrels}: check that file's relevance column and split {split!r}"
+            )
+        raise StageError(f"no usable training query in split {split!r}: {counts}{why}")
     texts = chosen["text"].to_numpy(object)
     query_ids = chosen["query_id"].to_numpy(object)
     return TrainingSet(query_ids, texts, kept, pos, pools, extra, scores), counts
@@ -419,6 +429,7 @@ def read_training_examples(
         pieces(extra_negatives) if extra_negatives else None,
         teacher,
         where=args.negatives,
+        qrels=args.qrels,
     )
     check_pools(items.pool_sizes, args.group_size)
     return items, counts, texts
