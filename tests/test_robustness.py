@@ -914,3 +914,30 @@ def test_an_ir_datasets_download_without_network_names_the_id_and_the_cache(tmp_
     assert irds.download_failure(ValueError("bad field"), "cranfield") is None
     direct = irds.download_failure(requests.ConnectionError("Failed to resolve"), "beir/scifact")
     assert direct is not None and "beir/scifact" in str(direct)
+
+
+def test_a_stage_under_a_low_address_space_limit_says_why_before_torch_dies():
+    """Issue 34: under `ulimit -v` a torch stage printed `std::bad_alloc` alone. The stages'
+    package says why before any stage imports torch (checked with a limit where the package
+    itself still imports, and with none)."""
+    import resource
+
+    from dprflow.stages import address_space_warning
+
+    assert address_space_warning(resource.RLIM_INFINITY) is None
+    assert address_space_warning(16 * 2**30) is None
+    limit = 3 * 2**30
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = subprocess.run(
+        [sys.executable, "-c", "import dprflow.stages"],
+        preexec_fn=low_limit,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "address-space limit (ulimit -v) is 3072 MB" in out.stderr and "std::bad_alloc" in out.stderr
