@@ -147,6 +147,19 @@ def _set(path: str, value):
     return edit
 
 
+def test_a_pre_training_method_with_only_evaluate_only_collections_is_refused():
+    """Issue 34: such a config planned 3 jobs and trained nothing, saying nothing."""
+
+    def edit(config):
+        config["methods"] = ["cocondenser"]
+        for spec in config["collections"].values():
+            spec["evaluate_only"] = True
+
+    message = config_problems(edit)
+    assert "methods ['cocondenser']" in message and "every collection is evaluate_only" in message
+    assert config_problems(lambda c: [s.update(evaluate_only=True) for s in c["collections"].values()]) == ""
+
+
 def test_a_malformed_reference_says_what_is_wrong_inside_it():
     """Issue 34: a malformed model.references entry said only 'is not valid under any of the
     given schemas'; now the alternative of the value's own type says what is wrong in it."""

@@ -302,6 +302,14 @@ def _check_transfer(config: dict) -> list[str]:
                     f"{where}[{i}] = {target!r} is not a collection of this config; its collections: "
                     f"{', '.join(names)}"
                 )
+    trained = [m for m in config["methods"] if m != "none"]
+    if trained and all(spec["evaluate_only"] for spec in config["collections"].values()):
+        problems.append(
+            f"methods {trained} pre-train and fine-tune on a collection, but every collection is "
+            f"evaluate_only ({', '.join(names)}): nothing would be trained; set evaluate_only: false "
+            "on the collection to train on, or methods: [none] to score the initial model and "
+            "model.references only"
+        )
     return problems
 
 
