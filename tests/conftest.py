@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -85,7 +84,7 @@ def tiny_collection(tmp_path):
     return tmp_path
 
 
-def save_tiny_bert(out, layers: int = 2, dropout: float = 0.1):
+def save_tiny_bert(out, layers: int = 2, dropout: float = 0.1, positions: int = 128):
     """A small BERT with random weights and the packaged MiniLM tokenizer, saved to ``out``."""
     import torch
     from transformers import BertConfig, BertModel
@@ -99,7 +98,7 @@ def save_tiny_bert(out, layers: int = 2, dropout: float = 0.1):
         num_hidden_layers=layers,
         num_attention_heads=2,
         intermediate_size=64,
-        max_position_embeddings=128,
+        max_position_embeddings=positions,
         hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=dropout,
     )
@@ -109,15 +108,14 @@ def save_tiny_bert(out, layers: int = 2, dropout: float = 0.1):
 
 
 def kill_then_resume(stage: str, argv: list[str], kill_after: int = 3) -> subprocess.CompletedProcess:
-    """Run ``python -m dprflow.stages.<stage> argv``, killed (SIGKILL) after step ``kill_after``,
-    then run it again to the end; return the second run (its stderr logs the resume)."""
-    cmd = [sys.executable, "-m", f"dprflow.stages.{stage}", *argv]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    killed = subprocess.run(
-        cmd, env={**env, "DPRFLOW_KILL_AFTER_STEP": str(kill_after)}, capture_output=True, text=True
-    )
+    """Run stage ``stage`` with ``argv`` in a process of its own (:mod:`stage_process`), killed
+    (SIGKILL) after step ``kill_after``, then again to the end; return the second run (its stderr
+    logs the resume)."""
+    from stage_process import run_stage
+
+    killed = run_stage(stage, argv, {**os.environ, "DPRFLOW_KILL_AFTER_STEP": str(kill_after)})
     assert killed.returncode == -9, killed.stderr[-2000:]
-    again = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    again = run_stage(stage, argv)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "resumed from" in again.stderr
     return again

@@ -106,10 +106,19 @@ def test_single_process_is_identity(monkeypatch):
     distributed.cleanup()
 
 
+def spawn(worker, args: tuple) -> None:
+    """``WORLD`` processes of ``worker(rank, *args)``, forked from a server that imported torch
+    (:mod:`stage_process`) rather than each a fresh interpreter importing it."""
+    from stage_process import forkserver
+
+    forkserver()  # the server preloads torch before torch.multiprocessing starts it
+    mp.start_processes(worker, args=args, nprocs=WORLD, join=True, start_method="forkserver")
+
+
 def test_two_gloo_ranks_match_the_full_batch(tmp_path):
     if not torch.distributed.is_available():
         pytest.skip("torch.distributed is not available")
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    spawn(_worker, (_free_port(), str(tmp_path)))
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
 
     xq, xp, teacher = full_batch()
@@ -194,7 +203,7 @@ def test_cocondenser_two_gloo_ranks_match_the_global_batch(tmp_path):
     init_dir = tmp_path / "init"
     torch.manual_seed(0)
     BertForMaskedLM(BertConfig(**CO_TINY)).save_pretrained(init_dir)
-    mp.spawn(_co_worker, args=(_free_port(), str(tmp_path), str(init_dir)), nprocs=WORLD, join=True)
+    spawn(_co_worker, (_free_port(), str(tmp_path), str(init_dir)))
     ranks = [torch.load(tmp_path / f"co-rank{r}.pt") for r in range(WORLD)]
 
     model = co_model(str(init_dir))

@@ -28,10 +28,11 @@ train_data = test_training.train_data
 
 
 def killed_after_step_3(data: Path, init: Path, out: str) -> None:
-    """Run train_retriever in a subprocess killed after step 3 (its step-2 checkpoint kept)."""
-    cmd = [sys.executable, "-m", "dprflow.stages.train_retriever", *argv(data, init, out)]
-    env = {**os.environ, "DPRFLOW_KILL_AFTER_STEP": "3", "PYTHONPATH": str(ROOT / "src")}
-    killed = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    """Run train_retriever in a process killed after step 3 (its step-2 checkpoint kept)."""
+    from stage_process import run_stage
+
+    env = {**os.environ, "DPRFLOW_KILL_AFTER_STEP": "3"}
+    killed = run_stage("train_retriever", argv(data, init, out), env)
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert (data / f"{out}.ckpt" / "step-2" / "COMPLETE").exists()
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import save_tiny_bert
 from safetensors.torch import load_file
+from stage_process import run_stage
 
 from dprflow.data.schemas import write_table
 from dprflow.stages import train_retriever
@@ -124,14 +125,12 @@ def test_same_seed_same_weights_and_training_changes_them(train_data, tiny_init)
 
 def test_killed_training_resumes_to_the_same_weights(train_data, tiny_init):
     assert train_retriever.main(argv(train_data, tiny_init, "whole")) == 0
-    cmd = [sys.executable, "-m", "dprflow.stages.train_retriever", *argv(train_data, tiny_init, "resumed")]
-    env = {**os.environ, "DPRFLOW_KILL_AFTER_STEP": "3", "PYTHONPATH": str(ROOT / "src")}
-    killed = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    resumed = argv(train_data, tiny_init, "resumed")
+    killed = run_stage("train_retriever", resumed, {**os.environ, "DPRFLOW_KILL_AFTER_STEP": "3"})
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert not (train_data / "resumed").exists()
     assert (train_data / "resumed.ckpt" / "step-2" / "COMPLETE").exists()
-    env.pop("DPRFLOW_KILL_AFTER_STEP")
-    again = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    again = run_stage("train_retriever", resumed)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "resumed from" in again.stderr and "at step 2" in again.stderr
     assert same_weights(train_data / "whole", train_data / "resumed")
@@ -172,18 +171,17 @@ def test_a_change_of_the_training_code_retrains_instead_of_reusing(train_data, t
     src = tmp_path / "src"
     shutil.copytree(ROOT / "src" / "dprflow", src / "dprflow", ignore=shutil.ignore_patterns("__pycache__"))
     losses = src / "dprflow" / "finetuning" / "losses.py"
-    cmd = [sys.executable, "-m", "dprflow.stages.train_retriever", *argv(train_data, tiny_init, "m")]
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    killed = subprocess.run(cmd, env={**env, "DPRFLOW_KILL_AFTER_STEP": "3"}, capture_output=True, text=True)
+    args = argv(train_data, tiny_init, "m")
+    killed = run_stage("train_retriever", args, {**os.environ, "DPRFLOW_KILL_AFTER_STEP": "3"}, src=src)
     assert killed.returncode == -9, killed.stderr[-2000:]
     losses.write_text(losses.read_text() + "\nEDITED = 1\n")
-    first = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    first = run_stage("train_retriever", args, src=src)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "ignoring checkpoint" in first.stderr and "finetuning/losses.py" in first.stderr
     assert "resumed from" not in first.stderr
     losses.write_text(losses.read_text() + "\nEDITED = 2\n")
     shutil.rmtree(train_data / "m")  # what Snakemake does before it reruns the job
-    again = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    again = run_stage("train_retriever", args, src=src)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "not reusing the finished model" in again.stderr and "finetuning/losses.py" in again.stderr
     assert "reused the model" not in again.stderr and "step 6/6" in again.stderr
@@ -244,7 +242,6 @@ def test_the_store_holds_tensorboard_events_packed_so_they_show_once(tmp_path):
     assert store.why_not(lambda folder: "") is None
 
 
-
 def test_a_store_whose_files_and_file_list_were_both_replaced_is_not_handed_back(tmp_path):
     """Issue 34 case 4: another store's model and its files.json copied in (each consistent with
     the other) are refused: the list's own SHA-256 is in the COMPLETE marker, with the identity."""
@@ -266,6 +263,7 @@ def test_a_store_whose_files_and_file_list_were_both_replaced_is_not_handed_back
         shutil.copy(theirs.folder / rel, ours.folder / rel)
     reason = ours.why_not(lambda folder: "")
     assert reason is not None and FILES_FILE in reason
+
 
 def test_disk_full_while_saving_the_final_model_keeps_the_checkpoints(
     train_data, tiny_init, monkeypatch, capsys, caplog
@@ -370,9 +368,8 @@ def test_the_encoding_is_the_same_for_any_number_of_shards(train_data, tiny_init
 
 
 def test_checkpoint_of_other_arguments_is_not_resumed(train_data, tiny_init, caplog):
-    cmd = [sys.executable, "-m", "dprflow.stages.train_retriever", *argv(train_data, tiny_init, "m")]
-    env = {**os.environ, "DPRFLOW_KILL_AFTER_STEP": "3", "PYTHONPATH": str(ROOT / "src")}
-    assert subprocess.run(cmd, env=env, capture_output=True).returncode == -9
+    env = {**os.environ, "DPRFLOW_KILL_AFTER_STEP": "3"}
+    assert run_stage("train_retriever", argv(train_data, tiny_init, "m"), env).returncode == -9
     changed = argv(train_data, tiny_init, "m", learning_rate=5e-4)
     assert train_retriever.main(changed) == 0
     assert "ignoring checkpoint" in caplog.text

@@ -1,5 +1,11 @@
 """The whole workflow through Snakemake on a tiny config: it runs, a second run does nothing,
-changing a BM25 parameter reruns exactly what depends on it, and a bad config key stops the DAG."""
+changing a BM25 parameter reruns exactly what depends on it, and a bad config key stops the DAG.
+
+The run starts from a 2-layer BERT of hidden size 32 with random weights, saved as a
+sentence-transformers folder (mean pooling, cosine, as the packaged MiniLM), with the packaged
+MiniLM tokenizer: every stage runs its real code on real tokens, and each training or encoding job
+costs its start-up rather than MiniLM's arithmetic (the whole run: about 40 jobs). The packaged
+model itself runs in `make run` and the stage tests."""
 
 from __future__ import annotations
 
@@ -37,7 +43,8 @@ def snakemake(workdir: Path, config: Path, *args: str) -> subprocess.CompletedPr
     ]
     # Jobs run `python -m ...`: this interpreter's environment comes first, as in an activated venv.
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    # No timeout a slow machine reaches: on two busy cores the whole run takes a few minutes.
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
 
 
 def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
@@ -53,11 +60,28 @@ def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
     return jobs
 
 
+def tiny_st_model(root: Path, prompts: dict[str, str] | None = None) -> Path:
+    """A tiny sentence-transformers model (mean pooling, cosine), with ``prompts`` if given."""
+    from conftest import save_tiny_bert
+
+    from dprflow.finetuning.st_format import ST_CONFIG_FILE, write_st_files
+
+    save_tiny_bert(root, dropout=0.0, positions=512)  # the config's lengths checked as for BERT
+    write_st_files(root, "mean", "cosine", dimension=32, max_seq_length=64)
+    if prompts:
+        config = json.loads((root / ST_CONFIG_FILE).read_text())
+        (root / ST_CONFIG_FILE).write_text(json.dumps({**config, "prompts": prompts}))
+    return root
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("workflow")
+    config = yaml.safe_load(TINY.read_text())
+    config["model"]["init"] = str(tiny_st_model(tmp_path_factory.mktemp("tiny-init")))
+    config["finetune"]["encode_shards"] = 1
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
     config = workdir / "config.yaml"
-    shutil.copy(TINY, config)
     result = snakemake(workdir, config)
     if result.returncode != 0:
         logs = "\n".join(
@@ -126,7 +150,7 @@ def test_a_second_seed_reruns_the_fine_tuning_pipeline_only(finished_run, tmp_pa
         "train_reranker": 1,
         "rerank": 1,
         "score_candidates": 1,
-        "encode_corpus": 3 * 2,
+        "encode_corpus": 3,  # one shard each
         "search_dense": 3,
         "evaluate": 4,
         "nb_recall": 1,
@@ -174,7 +198,7 @@ def test_changing_bm25_k1_reruns_only_what_depends_on_it(finished_run, tmp_path)
     assert jobs["train_retriever"] == 3 and jobs["train_reranker"] == 1
     # every evaluated row but the off-the-shelf model's
     assert jobs["evaluate"] == 5
-    assert jobs["encode_corpus"] == 3 * 2  # r1, r2, distill; 2 shards each; zeroshot untouched
+    assert jobs["encode_corpus"] == 3  # r1, r2, distill; one shard each; zeroshot untouched
 
 
 def test_unknown_config_key_stops_the_dag_and_names_it(tmp_path):
@@ -258,7 +282,7 @@ def test_changing_one_value_changes_the_provenance_of_exactly_what_is_downstream
 
 
 def test_more_encoding_shards_retrain_nothing(finished_run, tmp_path):
-    """finetune.encode_shards 2 -> 3, run up to retriever 2: retriever 1's corpus is encoded and
+    """finetune.encode_shards 1 -> 2, run up to retriever 2: retriever 1's corpus is encoded and
     searched again (the shard files are other files), every passage in the same batch as before,
     so its search and the negatives mined from it come out byte for byte the same, and the
     retriever 2 job Snakemake reruns on them puts its finished model back instead of training."""
@@ -270,12 +294,12 @@ def test_more_encoding_shards_retrain_nothing(finished_run, tmp_path):
     kept.append(trained / "r2" / "model" / "model.safetensors")
     before = {p: p.read_bytes() for p in kept}
     changed = yaml.safe_load(config.read_text())
-    changed["finetune"]["encode_shards"] = 3
+    changed["finetune"]["encode_shards"] = 2
     changed_path = tmp_path / "shards.yaml"
     changed_path.write_text(yaml.safe_dump(changed))
     result = snakemake(copy, changed_path, str(trained.relative_to(copy) / "r2" / "model"))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (trained / "r1" / "embeddings" / "shard_2.parquet").exists()
+    assert (trained / "r1" / "embeddings" / "shard_1.parquet").exists()
     assert "train_retriever" in result.stderr  # rerun by Snakemake ...
     log = copy / "results" / "logs" / "tiny" / "cocondenser" / "seed-13" / "train_retriever_r2.log"
     text = log.read_text()
@@ -285,15 +309,7 @@ def test_more_encoding_shards_retrain_nothing(finished_run, tmp_path):
 
 def reference_folder(root: Path) -> Path:
     """A tiny sentence-transformers model (mean pooling, cosine) with query and passage prompts."""
-    from conftest import save_tiny_bert
-
-    from dprflow.finetuning.st_format import ST_CONFIG_FILE, write_st_files
-
-    save_tiny_bert(root, dropout=0.0)
-    write_st_files(root, "mean", "cosine", dimension=32, max_seq_length=64)
-    config = json.loads((root / ST_CONFIG_FILE).read_text())
-    (root / ST_CONFIG_FILE).write_text(json.dumps({**config, "prompts": {"query": "q: ", "passage": "p: "}}))
-    return root
+    return tiny_st_model(root, {"query": "q: ", "passage": "p: "})
 
 
 def transfer_config(base: Path, tmp_path: Path) -> Path:
