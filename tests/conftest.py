@@ -24,11 +24,14 @@ for _variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
 if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# The files that run Snakemake end to end take minutes each: they are handed out first, so that
-# the longest file does not start last and leave the other process idle. xdist keeps this order
-# only with --no-loadscope-reorder (the Makefile passes it); by default it hands out the files
-# with the most tests first, which put tests/test_workflow.py near the end.
-SLOW_FILES = ("test_workflow.py", "test_slurm.py")
+# The order files are handed out in (xdist keeps it only with --no-loadscope-reorder, which the
+# Makefile passes; by default it hands out the files with the most tests first). The file that
+# builds the shared tiny workflow run (tests/tiny_workflow.py, a few minutes) goes first and the
+# Slurm file, which mostly waits on the cluster, beside it; the two files that start from the
+# finished run come after the next longest files, so that they rarely wait for the build and
+# never start last.
+FIRST_FILES = ("test_workflow.py", "test_slurm.py", "test_robustness.py", "test_training.py")
+AFTER_THE_BUILD = ("test_workflow_reruns.py", "test_workflow_transfer.py")
 
 
 # Snakemake loads every installed executor plugin when it starts, and the Slurm plugin then runs
@@ -50,7 +53,22 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.path.name not in SLOW_FILES)
+    def rank(item) -> int:
+        name = item.path.name
+        if name in FIRST_FILES:
+            return FIRST_FILES.index(name)
+        return len(FIRST_FILES) + (0 if name in AFTER_THE_BUILD else 1)
+
+    items.sort(key=rank)  # stable: each file's tests keep their order
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory):
+    """The tiny workflow run to the end, ``(workdir, config)``: built once per test run, by the
+    first process that asks (tests/tiny_workflow.py). Tests that change it work on a copy."""
+    from tiny_workflow import finished_run
+
+    return finished_run(tmp_path_factory)
 
 
 @pytest.fixture

@@ -497,7 +497,7 @@ def test_more_encoding_shards_retrain_no_pretraining_and_no_first_retriever(fini
     """The shard files are other files, so the corpus is encoded and searched again; what depends
     on a dense search (retriever 2's mined negatives onwards) is then rerun by Snakemake, as it
     reruns whatever consumes a rerun job's output. Pre-training and retriever 1 are not. The rerun
-    training jobs reuse their finished models instead of training (test_workflow.py's
+    training jobs reuse their finished models instead of training (test_workflow_reruns.py's
     test_more_encoding_shards_retrain_nothing runs it)."""
     workdir, config = finished_tiny_results
     jobs = planned_jobs(workdir, _variant(workdir, config, "shards", encode_shards=3))
