@@ -10,12 +10,12 @@ passes (max_steps 0) and temperature.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from snakemake_cli import snakemake as run_snakemake
 from test_robustness import beir_folder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def planned_commands(name: str, tmp_path: Path) -> tuple[str, list[str]]:
     (collection,) = config["collections"]
     config["collections"][collection]["path"] = str(beir_folder(tmp_path / "beir"))
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
-    out = subprocess.run(
+    out = run_snakemake(
         [
             SNAKEMAKE,
             "-n",
@@ -57,9 +57,6 @@ def planned_commands(name: str, tmp_path: Path) -> tuple[str, list[str]]:
             "--configfile",
             str(tmp_path / "c.yaml"),
         ],
-        capture_output=True,
-        text=True,
-        timeout=300,
         cwd=ROOT,
     )
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]

@@ -21,13 +21,13 @@ import math
 import os
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
 import yaml
+from snakemake_cli import snakemake as run_snakemake
 
 from dprflow.training.trainer import TrainArgs, steps_run, total_steps
 
@@ -55,7 +55,7 @@ def planned_jobs(preset: Path, workdir: Path) -> list[Job]:
     env = {**os.environ, "IR_DATASETS_HOME": str(workdir / "ir_datasets_home")}
     cmd = [SNAKEMAKE, "-n", "-p", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
            "--configfile", str(preset)]  # fmt: skip
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    result = run_snakemake(cmd, cwd=ROOT, env=env)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     jobs = []
     for block in result.stdout.split("\nrule ")[1:]:

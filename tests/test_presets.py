@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from snakemake_cli import snakemake as run_snakemake
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -39,7 +39,7 @@ def test_preset_dry_run_lists_the_whole_dag(preset, tmp_path):
     irds_home = tmp_path / "ir_datasets_home"
     env = {**os.environ, "IR_DATASETS_HOME": str(irds_home)}
     started = time.monotonic()
-    result = subprocess.run(
+    result = run_snakemake(
         [
             SNAKEMAKE,
             "-n",
@@ -51,9 +51,6 @@ def test_preset_dry_run_lists_the_whole_dag(preset, tmp_path):
             str(preset),
         ],
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
         env=env,
     )
     elapsed = time.monotonic() - started

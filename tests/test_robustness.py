@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import test_training
 import torch
+from snakemake_cli import snakemake as run_snakemake
 from test_training import argv, same_weights
 
 from dprflow.data import schemas
@@ -269,7 +270,7 @@ DRY_RUN = [str(Path(sys.executable).with_name("snakemake")), "-n", "--quiet", "-
 def failed_dry_run(workdir: Path, override: str) -> str:
     """What a dry run of the default config with ``--config override`` prints; it must fail."""
     cmd = [*DRY_RUN, "--configfile", str(ROOT / "config" / "config.yaml"), "-d", str(workdir)]
-    out = subprocess.run([*cmd, "--config", override], capture_output=True, text=True, timeout=300)
+    out = run_snakemake([*cmd, "--config", override])
     assert out.returncode != 0
     return out.stdout + out.stderr
 
@@ -404,7 +405,7 @@ FOLDER_RULES = ("pretrain_", "train_", "bm25_index", "export_")
 def planned_jobs(workdir: Path, configfile: Path, *extra: str) -> dict[str, int]:
     """The jobs `snakemake -n` plans, by rule."""
     cmd = [*DRY_RUN, "--configfile", str(configfile), "-d", str(workdir), *extra]
-    out = subprocess.run([*cmd[:2], *cmd[3:]], capture_output=True, text=True, timeout=300)
+    out = run_snakemake([*cmd[:2], *cmd[3:]])
     assert out.returncode == 0, out.stderr[-3000:]
     if "Nothing to be done" in out.stdout + out.stderr:
         return {}
@@ -437,7 +438,7 @@ def touch_finished(workdir: Path, snakefile: Path) -> None:
         "-d",
         str(workdir),
     ]
-    summary = subprocess.run([*base, "--summary"], capture_output=True, text=True, timeout=300)
+    summary = run_snakemake([*base, "--summary"])
     assert summary.returncode == 0, summary.stderr[-3000:]
     for line in summary.stdout.splitlines()[1:]:
         path, rule = line.split("\t")[0], line.split("\t")[2]
@@ -446,9 +447,7 @@ def touch_finished(workdir: Path, snakefile: Path) -> None:
         else:
             (workdir / path).parent.mkdir(parents=True, exist_ok=True)
             (workdir / path).touch()
-    touched = subprocess.run(
-        [*base, "-c1", "--touch", "--forceall", "-q"], capture_output=True, text=True, timeout=300
-    )
+    touched = run_snakemake([*base, "-c1", "--touch", "--forceall", "-q"])
     assert touched.returncode == 0, touched.stderr[-3000:]
     assert planned_jobs(workdir, workdir / "base.yaml", "-s", str(snakefile)) == {}
 
@@ -584,7 +583,7 @@ def test_a_local_model_folder_is_an_input_of_the_rules_that_read_it(finished_tin
         "-d",
         str(workdir),
     ]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    out = run_snakemake(cmd)
     assert out.returncode == 0, out.stderr[-3000:]
     blocks = {b.split(":", 1)[0].strip(): b for b in (out.stdout + out.stderr).split("rule ")[1:]}
     for rule in ("split_passages", "pretrain_generic"):
@@ -612,7 +611,7 @@ def test_the_local_profile_prints_a_failed_jobs_log(tmp_path):
         "results/bad/collection/documents.parquet",
     ]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    out = run_snakemake(cmd, env=env)
     assert out.returncode != 0
     assert f"error: {beir / 'corpus.jsonl'}:2: malformed JSON" in out.stdout + out.stderr
 
@@ -720,7 +719,7 @@ def test_no_config_value_runs_as_a_command_in_any_planned_shell_line(tmp_path):
     config = injected_config(data)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     cmd = [DRY_RUN[0], "-n", "-p", "-s", str(ROOT / "Snakefile"), "--configfile", str(tmp_path / "c.yaml")]
-    out = subprocess.run([*cmd, "-d", str(work)], capture_output=True, text=True, timeout=300)
+    out = run_snakemake([*cmd, "-d", str(work)])
     assert out.returncode == 0, out.stderr[-3000:]
     prefix = "Shell command: "
     lines = [line[len(prefix) :] for line in out.stdout.splitlines() if line.startswith(prefix)]
@@ -826,9 +825,7 @@ def test_editing_a_file_inside_a_local_model_folder_reruns_what_reads_it(finishe
     changed = dict(config, model={"init": str(folder), "pooling": "mean"})
     (workdir / "local-content.yaml").write_text(yaml.safe_dump(changed))
     base = [DRY_RUN[0], "-s", str(ROOT / "Snakefile"), "--configfile", str(workdir / "local-content.yaml")]
-    touched = subprocess.run(
-        [*base, "-d", str(workdir), "-c1", "--touch", "-q"], capture_output=True, text=True, timeout=300
-    )
+    touched = run_snakemake([*base, "-d", str(workdir), "-c1", "--touch", "-q"])
     assert touched.returncode == 0, touched.stderr[-3000:]
     assert planned_jobs(workdir, workdir / "local-content.yaml") == {}
     # Same bytes written again (a new mtime): still nothing to do.

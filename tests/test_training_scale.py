@@ -482,7 +482,6 @@ def test_faiss_index_folder_for_pyserini(tmp_path):
 
 
 def dry_run(tmp_path, overrides: str, *targets: str) -> str:
-    import subprocess
     import sys
     from pathlib import Path
 
@@ -490,7 +489,9 @@ def dry_run(tmp_path, overrides: str, *targets: str) -> str:
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "over.yaml").write_text(overrides)
     snakemake = str(Path(sys.executable).with_name("snakemake"))
-    result = subprocess.run(
+    from snakemake_cli import snakemake as run_snakemake
+
+    result = run_snakemake(
         [
             snakemake,
             *targets,
@@ -508,9 +509,6 @@ def dry_run(tmp_path, overrides: str, *targets: str) -> str:
             str(tmp_path / "over.yaml"),
         ],
         cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     return result.stdout + result.stderr

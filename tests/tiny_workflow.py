@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from snakemake_cli import snakemake as run_snakemake
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -41,8 +42,9 @@ def snakemake(workdir: Path, config: Path, *args: str) -> subprocess.CompletedPr
     ]
     # Jobs run `python -m ...`: this interpreter's environment comes first, as in an activated venv.
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    # No timeout a slow machine reaches: on two busy cores the whole run takes a few minutes.
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
+    # A dry run in this process; a run as a command, with no timeout a slow machine reaches (on two
+    # busy cores the whole run takes a few minutes).
+    return run_snakemake(cmd, env=env)
 
 
 def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
