@@ -163,13 +163,20 @@ def untrained_rows():
     return ["bm25", "none/zeroshot"] + [f"{ref}/zeroshot" for ref in REFERENCES]
 
 
+def method_stages(method):
+    """The fine-tuned rows of ``method`` (finetune.stages_of, else finetune.stages), in the
+    pipeline's order."""
+    chosen = config["finetune"]["stages_of"].get(method, config["finetune"]["stages"])
+    return [stage for stage in STAGES if stage in chosen]
+
+
 def trained_rows():
     """Rows trained on a collection: a method's pre-trained encoder as it is (Contriever) and each
     method's fine-tuning stages once per seed (<method>/seed-<seed>/<stage>)."""
     rows = [f"{m}/zeroshot" for m in config["methods"] if m in ZEROSHOT_METHODS]
     for method in config["methods"]:
         for seed in finetune_seeds():
-            rows += [f"{method}/seed-{seed}/{stage}" for stage in STAGES]
+            rows += [f"{method}/seed-{seed}/{stage}" for stage in method_stages(method)]
     return rows
 
 

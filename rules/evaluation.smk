@@ -47,7 +47,7 @@ def hub_folders():
         for c in training_collections()
         for m in config["methods"]
         for seed in finetune_seeds()
-        for stage in STAGES
+        for stage in method_stages(m)
     ]
 
 

@@ -8,10 +8,12 @@ def report_results_dir(wildcards, output):
 
 
 def nb_recall_files():
+    """Retriever 1's and 2's recall of the negatives (methods with both rows)."""
     return [
         f"{RESULTS}/{c}/{m}/seed-{s}/nb_recall.parquet"
         for c in training_collections()
         for m in config["methods"]
+        if {"r1", "r2"} <= set(method_stages(m))
         for s in finetune_seeds()
     ]
 
@@ -47,7 +49,7 @@ def training_model_dirs():
             dirs += [
                 f"{RESULTS}/{c}/{m}/seed-{seed}/{s}/model"
                 for seed in finetune_seeds()
-                for s in STAGES
+                for s in method_stages(m)
             ]
     return list(dict.fromkeys(dirs))
 

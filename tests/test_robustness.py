@@ -492,6 +492,23 @@ def test_checkpoint_interval_and_threads_retrain_nothing(finished_tiny_results):
     assert jobs.get("train_retriever") == 3  # r1, r2 and the retriever distilled after r2
 
 
+def test_stages_choose_each_method_s_fine_tuned_rows(tmp_path):
+    """finetune.stages [r1] with stages_of {none: [r1, r2]}: every method's r1, none's r2 too
+    (with the mining it needs), no reranker and no distillation; an unknown method is named."""
+    import yaml
+
+    config = yaml.safe_load(TINY.read_text())
+    config["methods"] = ["none", "cocondenser"]
+    config["finetune"].update(stages=["r1"], stages_of={"none": ["r1", "r2"]})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    jobs = planned_jobs(tmp_path, tmp_path / "c.yaml")
+    assert jobs["train_retriever"] == 3 and jobs["mine_negatives"] == 1 and jobs["nb_recall"] == 1, jobs
+    assert "train_reranker" not in jobs and "score_candidates" not in jobs
+    assert jobs["export_model"] == 3 and jobs["pretrain_corpus"] == 1
+    message = config_problems(_set("finetune.stages_of", {"cdmae": ["r1"]}))
+    assert "finetune.stages_of.cdmae: 'cdmae' is not one of the config's methods" in message
+
+
 def test_more_encoding_shards_retrain_no_pretraining_and_no_first_retriever(finished_tiny_results):
     """The shard files are other files, so the corpus is encoded and searched again; what depends
     on a dense search (retriever 2's mined negatives onwards) is then rerun by Snakemake, as it

@@ -440,9 +440,20 @@ def _check_passage_length(config: dict) -> list[str]:
     ]
 
 
+def _check_stages(config: dict) -> list[str]:
+    """finetune.stages_of names methods of the config."""
+    methods = config["methods"]
+    return [
+        f"finetune.stages_of.{method}: {method!r} is not one of the config's methods ({', '.join(methods)})"
+        for method in config["finetune"]["stages_of"]
+        if method not in methods
+    ]
+
+
 def _check_values(config: dict, check_paths: bool = True) -> list[str]:
     return (
         _check_transfer(config)
+        + _check_stages(config)
         + _references(config)[1]
         + _check_prompts(config)
         + (_check_paths(config) + _check_models(config) if check_paths else [])
