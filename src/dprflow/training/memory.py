@@ -43,6 +43,10 @@ from typing import Any
 
 import torch
 
+from dprflow import device as hardware
+from dprflow.device import DeviceInfo
+from dprflow.training.devices import transformers_in
+
 log = logging.getLogger(__name__)
 
 # Python, torch, transformers, the tokenizer and the training data of a small run: a stage with
@@ -50,6 +54,9 @@ log = logging.getLogger(__name__)
 PROCESS_BYTES = 768 * 2**20
 MB = 2**20
 FP32 = 4
+# What a CUDA process holds on its GPU besides its tensors: the context, the cuBLAS and cuDNN
+# workspaces, and what the caching allocator keeps between blocks.
+CUDA_RESERVED = 2**30
 
 
 @dataclass(frozen=True)
@@ -170,6 +177,33 @@ def activation_bytes(
     return n_layers * per_layer_16bit * bytes_per_value // 2
 
 
+def transformer_layers(model: torch.nn.Module) -> int:
+    """Transformer layers one sequence runs through with a graph in ``model``: the layers of its
+    largest Hugging Face encoder (one tower at a time: a bi-encoder's query or passage tower,
+    Contriever's query encoder; MoCo's key encoder runs without a graph) plus those outside any
+    (Condenser's head, an MAE's decoder)."""
+
+    def layers(module: torch.nn.Module) -> int:
+        return sum(
+            1 for m in module.modules() if type(m).__name__.endswith("Layer") and hasattr(m, "attention")
+        )
+
+    towers = transformers_in(model)
+    inside = max((layers(t) for t in towers), default=0)
+    return inside + layers(model) - sum(layers(t) for t in towers)
+
+
+def row_activation_bytes(model: torch.nn.Module, length: int, bytes_per_value: int, masked: int = 0) -> int:
+    """Bytes one sequence of ``length`` tokens with ``masked`` MLM targets adds to a step of
+    ``model``: its activations in every layer it runs through with a graph
+    (:func:`transformer_layers`), the gradients of one layer's activations in the backward, and
+    its masked tokens' logits with their fp32 log-softmax and gradient (as :func:`estimate_step_bytes`)."""
+    config = encoder_config(model)
+    layers = transformer_layers(model) + 1
+    logits = masked * getattr(config, "vocab_size", 0) * (bytes_per_value + 2 * FP32)
+    return activation_bytes(config, length, bytes_per_value, layers=layers) + logits
+
+
 def as_step(step: StepMemory | Sequence[tuple[int, int]]) -> StepMemory:
     if isinstance(step, StepMemory):
         return step
@@ -194,7 +228,8 @@ def estimate_step_bytes(
         + [
             n * activation_bytes(shape, length, bytes_per_value, layers=1)
             for n, length, _ in step.extra_layers
-        ]
+        ],
+        default=0,  # no sequence: the weights and the process alone
     )
     acts += layer * (2 if step.checkpointing else 1)
     for n, length in step.sequences:
@@ -209,6 +244,26 @@ def estimate_step_bytes(
     acts += step.masked_tokens * shape.vocab_size * (bytes_per_value + 2 * FP32)
     trained = shape.params + step.extra_params
     return PROCESS_BYTES + 16 * trained + FP32 * step.frozen_params + step.buffer_bytes + acts
+
+
+def model_state_bytes(model: torch.nn.Module) -> int:
+    """Bytes ``model``'s weights hold through an AdamW step: 16 per trained fp32 parameter (the
+    weight, its gradient, the two moments), 4 per parameter held without gradient (MoCo's key
+    encoder), and its buffers (MoCo's queue)."""
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    return 16 * trained + FP32 * frozen + buffers
+
+
+def gradient_cache_budget(info: DeviceInfo, model: torch.nn.Module, fraction: float = 0.9) -> int | None:
+    """Bytes one gradient-cache chunk's activations may take on a device of properties ``info``
+    (``training.chunk_from_memory``): ``fraction`` of a GPU's memory less the model's state
+    (:func:`model_state_bytes`) and what CUDA holds itself (:data:`CUDA_RESERVED`), at least 0;
+    ``None`` on a CPU, where the configured ``chunk_size`` stays."""
+    if not info.is_cuda or info.total_memory <= 0:
+        return None
+    return max(0, int(fraction * info.total_memory) - model_state_bytes(model) - CUDA_RESERVED)
 
 
 def machine_bytes() -> int | None:
@@ -260,6 +315,15 @@ def memory_message(
     )
 
 
+def memory_limits(info: DeviceInfo, mem_mb: int, machine: int | None) -> list[tuple[int, str]]:
+    """What a step's estimate is compared with, as (bytes, what): a GPU's memory on a GPU; on a
+    CPU the job's memory (``mem_mb``, 0: not given) and the machine's (``machine``, None: unknown)."""
+    if info.is_cuda:
+        return [(info.total_memory, "the GPU's memory")]
+    limits = [(mem_mb * MB, "the job's memory (resources.mem_mb, --mem-mb)")] if mem_mb else []
+    return limits + ([(machine, "this machine's memory")] if machine else [])
+
+
 def check_training_memory(
     model: torch.nn.Module | EncoderShape,
     step: StepMemory | Sequence[tuple[int, int]],
@@ -267,26 +331,21 @@ def check_training_memory(
     keys: Sequence[str],
     precision: str = "auto",
     chunk_key: str | None = None,
+    info: DeviceInfo | None = None,
 ) -> int:
     """Stop (``ValueError``) when the estimated peak of a step is above what the job was given
-    (``mem_mb``, 0: not given) or what the machine or GPU has; return the estimate in bytes.
+    (``mem_mb``, 0: not given) or what the machine has; return the estimate in bytes. On a GPU
+    (``info``, default: this process's device) the estimate is compared with the GPU's memory and
+    only logged, with a warning when above (module docstring).
 
     A plain list of (sequences, tokens) is the whole batch and is shared among the processes
     here; a :class:`StepMemory` already holds one process's rows (:func:`per_process`)."""
     if not isinstance(step, StepMemory):
         step = StepMemory(tuple((per_process(n, world_size()), length) for n, length in step))
-    cuda = torch.cuda.is_available()
+    info = info or hardware.device_info()
+    cuda = info.is_cuda
     estimate = estimate_step_bytes(model, step, bytes_per_value(precision, cuda))
-    limits = []
-    if cuda:
-        device = torch.cuda.current_device()
-        limits.append((torch.cuda.get_device_properties(device).total_memory, "the GPU's memory"))
-    else:
-        if mem_mb:
-            limits.append((mem_mb * MB, "the job's memory (resources.mem_mb, --mem-mb)"))
-        machine = machine_bytes()
-        if machine:
-            limits.append((machine, "this machine's memory"))
+    limits = memory_limits(info, mem_mb, None if cuda else machine_bytes())
     log.info(
         "estimated peak memory of a training step: %d MB (%s)",
         estimate // MB,
