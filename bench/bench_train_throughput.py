@@ -78,6 +78,7 @@ from dprflow.training.trainer import Trainer  # noqa: E402
 
 WORDS = 4000  # vocabulary of the generated texts
 MODELS = {
+    "micro": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256),  # tests
     "tiny": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=2, intermediate_size=512),
     "base": dict(),  # BertConfig's defaults: BERT-base (768 hidden, 12 layers, 12 heads)
 }

@@ -22,6 +22,7 @@ from dprflow.training.memory import (
     EncoderShape,
     StepMemory,
     check_training_memory,
+    holds_gradients,
     per_process,
     world_size,
 )
@@ -63,9 +64,12 @@ def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> St
     one micro-batch and one chunk of queries of it at a time (``shape``, the encoder's, adds
     nothing here: the same call as every training stage's)."""
     world = world_size() if world is None else world
-    queries = per_process(args.batch_size, world, args.gradient_accumulation_steps, args.chunk_size)
+    k = args.gradient_accumulation_steps
+    queries = per_process(args.batch_size, world, k, args.chunk_size)
     return StepMemory(
-        ((queries * args.group_size, args.max_length),), checkpointing=args.gradient_checkpointing
+        ((queries * args.group_size, args.max_length),),
+        checkpointing=args.gradient_checkpointing,
+        accumulates=holds_gradients(k, per_process(args.batch_size, world, k), args.chunk_size),
     )
 
 
@@ -91,6 +95,7 @@ def fine_tune(args: Args, scratch: str) -> None:
         ["finetune.reranker.batch_size", "finetune.reranker.group_size", "finetune.reranker.max_length"],
         args.precision,
         chunk_key="finetune.reranker.chunk_size",
+        attention=args.attention,
     )
 
     def make_batch(rng, batch_items):

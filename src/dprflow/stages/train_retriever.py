@@ -28,6 +28,7 @@ from dprflow.training.memory import (
     StepMemory,
     check_training_memory,
     contrastive_cache_bytes,
+    holds_gradients,
     per_process,
     world_size,
 )
@@ -114,12 +115,17 @@ def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> St
     passages = per_process(args.batch_size * args.group_size, world, k)
     q_len, p_len = args.max_query_length, args.max_passage_length
     if not chunk or (chunk >= queries and chunk >= passages):
-        return StepMemory(((queries, q_len), (passages, p_len)), checkpointing=args.gradient_checkpointing)
+        return StepMemory(
+            ((queries, q_len), (passages, p_len)),
+            checkpointing=args.gradient_checkpointing,
+            accumulates=holds_gradients(k, queries),
+        )
     sides = [(min(queries, chunk), q_len), (min(passages, chunk), p_len)]
     return StepMemory(
         (max(sides, key=lambda side: side[0] * side[1]),),
         buffer_bytes=contrastive_cache_bytes(queries, passages * world, shape.hidden_size),
         checkpointing=args.gradient_checkpointing,
+        accumulates=True,  # the gradient cache: one chunk's backward before the next's forward
     )
 
 
@@ -168,6 +174,7 @@ def fine_tune(args: Args, scratch: str) -> None:
         [f"{section}.batch_size", f"{section}.group_size", "finetune.max_passage_length"],
         args.precision,
         chunk_key=f"{section}.chunk_size",
+        attention=args.attention,
     )
 
     def make_batch(rng, batch_items):

@@ -27,7 +27,12 @@ from dprflow.pretraining.condenser.model import (
 from dprflow.pretraining.masking import IGNORE_INDEX
 from dprflow.training import distributed
 from dprflow.training.gradcache import ChunkLoss, gradcache_step, split_batch
-from dprflow.training.memory import masked_per_row, row_activation_bytes
+from dprflow.training.memory import (
+    encoder_config,
+    keeps_attention_scores,
+    masked_per_row,
+    row_activation_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +65,9 @@ def fitting_chunk(model: nn.Module, chunk_size: int, length: int, rows: int, mas
         return chunk_size
     device_type = next(model.parameters()).device.type
     half = torch.is_autocast_enabled(device_type)
-    per_row = row_activation_bytes(model, length, 2 if half else 4, masked)
+    kernel = getattr(encoder_config(model), "_attn_implementation", None) or "sdpa"
+    scores = keeps_attention_scores(kernel, device_type == "cuda")
+    per_row = row_activation_bytes(model, length, 2 if half else 4, masked, scores)
     chosen = min(rows, max(chunk_size, budget // max(per_row, 1)))
     if (chunk_size, chosen) not in _told_chunks:
         _told_chunks.add((chunk_size, chosen))
