@@ -167,6 +167,7 @@ def test_a_training_stage_runs_the_gpu_path_on_a_cpu(train_data, tiny_init, gpu,
     assert (
         f"{gpu.describe()}: {resolved}, fused AdamW True, TF32 {gpu.bf16}, pinned batches True" in caplog.text
     )
+    assert "batches padded to a multiple of 8" in caplog.text
     # 4 queries x 3 passages: the whole side fits the GPU, so the cache runs one chunk of it.
     assert "gradient cache: chunks of 12 (chunk_size 2" in caplog.text
     monkeypatch.delenv(trainer.KILL_ENV)

@@ -72,6 +72,27 @@ def pin_memory(info: DeviceInfo) -> bool:
     return info.is_cuda
 
 
+# auto padding on a GPU: its bf16/fp16 tensor cores take matrix dimensions in multiples of 8.
+GPU_PAD_MULTIPLE = 8
+
+
+def pad_multiple(setting: str | int, info: DeviceInfo) -> int:
+    """The multiple a batch's length is padded to (``training.pad_to_multiple_of``): a number as
+    given (0 or 1: the longest sequence), or ``auto``: 8 on a GPU, none on a CPU (CPU runs keep
+    their batches as they were)."""
+    if str(setting) == "auto":
+        return GPU_PAD_MULTIPLE if info.is_cuda else 0
+    try:
+        multiple = int(setting)
+    except ValueError:
+        multiple = -1
+    if multiple < 0:
+        raise ValueError(
+            f"training.pad_to_multiple_of (--pad-to-multiple-of) is {setting!r}; set auto or an integer >= 0"
+        )
+    return multiple
+
+
 def tf32_applies(info: DeviceInfo) -> bool:
     """TF32 tensor cores exist: an Ampere or later GPU."""
     return info.is_cuda and tuple(info.capability) >= AMPERE
@@ -144,14 +165,29 @@ def set_attention(model: torch.nn.Module, attention: str) -> None:
             log.info("attention of %s: %s", type(module).__name__, attention)
 
 
+def layers_in(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The Transformer layers in ``module`` (``BertLayer``, ``ElectraLayer``, ...: a module named
+    ``*Layer`` with an ``attention`` block), inside its Hugging Face models and outside them
+    (Condenser's head, an MAE's decoder)."""
+    return [m for m in module.modules() if type(m).__name__.endswith("Layer") and hasattr(m, "attention")]
+
+
 def compile_transformers(model: torch.nn.Module, **options: Any) -> int:
-    """``torch.compile`` the forward of every Transformer of ``model`` in place
-    (``nn.Module.compile``: the weights' names, hence checkpoints, are unchanged); returns how many."""
-    modules = transformers_in(model)
-    for module in modules:
-        module.compile(**options)
-    log.info("torch.compile: %d Transformer(s); the first steps compile them", len(modules))
-    return len(modules)
+    """``torch.compile`` every Transformer layer of ``model`` in place (``nn.Module.compile``: the
+    weights' names, hence checkpoints, are unchanged); returns how many.
+
+    Per layer, not per model: the methods call their layers themselves (Condenser's backbone and
+    head, an MAE's decoder), so a compiled model forward was never run for them, and the code
+    around the layers (masks, pooling, losses) has Python branches on values. The layers of one
+    class share one compiled graph (torch inlines the modules, their weights are inputs), and
+    with ``dynamic=True`` its batch and length dimensions are symbolic from the first compile:
+    one graph for every batch shape instead of a compile for the first shape and a recompile
+    for the second (``bench/bench_gpu_feed.py`` counts them)."""
+    layers = layers_in(model)
+    for layer in layers:
+        layer.compile(**{"dynamic": True, **options})
+    log.info("torch.compile: %d Transformer layers; the first step compiles them", len(layers))
+    return len(layers)
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -45,7 +45,7 @@ import torch
 
 from dprflow import device as hardware
 from dprflow.device import DeviceInfo
-from dprflow.training.devices import transformers_in
+from dprflow.training.devices import layers_in, transformers_in
 
 log = logging.getLogger(__name__)
 
@@ -204,15 +204,8 @@ def transformer_layers(model: torch.nn.Module) -> int:
     largest Hugging Face encoder (one tower at a time: a bi-encoder's query or passage tower,
     Contriever's query encoder; MoCo's key encoder runs without a graph) plus those outside any
     (Condenser's head, an MAE's decoder)."""
-
-    def layers(module: torch.nn.Module) -> int:
-        return sum(
-            1 for m in module.modules() if type(m).__name__.endswith("Layer") and hasattr(m, "attention")
-        )
-
-    towers = transformers_in(model)
-    inside = max((layers(t) for t in towers), default=0)
-    return inside + layers(model) - sum(layers(t) for t in towers)
+    towers = [len(layers_in(t)) for t in transformers_in(model)]
+    return max(towers, default=0) + len(layers_in(model)) - sum(towers)
 
 
 def row_activation_bytes(

@@ -42,6 +42,7 @@ from dprflow.training.devices import (
     compile_transformers,
     cuda_rng_state,
     ddp_device_ids,
+    pad_multiple,
     pin_memory,
     restore_cuda_rng,
     set_attention,
@@ -106,6 +107,7 @@ class Trainer:
         checkpoint_dir: str | Path,
         identity: dict[str, Any],
         manual_backward: bool = False,
+        pad_id: int = 0,
     ) -> None:
         self.dist = distributed.init_from_env()
         # What the GPU-only decisions read (dprflow.device); tensors go to self.dist.device.
@@ -136,8 +138,17 @@ class Trainer:
             )
         # make_batch(rng, items, epoch) when it asks for the epoch (a sampler that must draw a
         # different candidate for an item in each epoch), else make_batch(rng, items).
+        # Each batch padded to a multiple of pad_multiple (input ids with pad_id): a few shapes.
+        self.pad_multiple = pad_multiple(args.pad_to_multiple_of, self.device_info)
         self.batches = StepBatches(
-            self.items, make_batch, args.seed, args.batch_size, self.dist.rank, self.dist.world_size
+            self.items,
+            make_batch,
+            args.seed,
+            args.batch_size,
+            self.dist.rank,
+            self.dist.world_size,
+            self.pad_multiple,
+            pad_id,
         )
         # the learning-rate schedule spans schedule_steps; training stops after self.steps
         self.schedule_steps = total_steps(len(self.items), args)
@@ -154,7 +165,8 @@ class Trainer:
             )
         budget = "none" if self.chunk_budget is None else f"{self.chunk_budget // memory.MB} MB"
         log.info(
-            "device %s, %s: %s, fused AdamW %s, TF32 %s, pinned batches %s, gradient-cache budget %s",
+            "device %s, %s: %s, fused AdamW %s, TF32 %s, pinned batches %s, gradient-cache budget %s, "
+            "batches padded to a multiple of %d",
             self.dist.device,
             info.describe(),
             self.precision,
@@ -162,6 +174,7 @@ class Trainer:
             tf32_applies(info) and args.tf32,
             pin_memory(info),
             budget,
+            self.pad_multiple,
         )
 
     def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -417,8 +430,9 @@ def train_and_save(
     identity["input_sha256"] = provenance.input_hashes(stage_args)
     checkpoint_dir = Path(stage_args.checkpoint_dir)
     args = train_args_from(stage_args)
+    pad_id = getattr(tokenizer, "pad_token_id", None) or 0
     trainer = Trainer(
-        model, items, make_batch, step_fn, save, args, checkpoint_dir, identity, manual_backward
+        model, items, make_batch, step_fn, save, args, checkpoint_dir, identity, manual_backward, pad_id
     )
     out = Path(stage_args.out)
     if trainer.reuse_finished(out):
