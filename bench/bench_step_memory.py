@@ -36,9 +36,17 @@ TASKS = ("retriever", "condenser", "cocondenser", "mae", "contriever")
 MIB = 2**20
 
 
-def stage_step(task: str, batch_size: int, group_size: int, seq_len: int, shape, precision: str):
-    """The stage's own description of a step (``step_memory``) at this batch's shape."""
+def stage_step(
+    task: str, batch_size: int, group_size: int, seq_len: int, shape, precision: str, chunk: int = 0
+):
+    """The stage's own description of a step (``step_memory``) at this batch's shape (``task``:
+    a step type of bench_train_throughput.py, ``_cache`` with a gradient cache of ``chunk``; the
+    bare ``bert`` tasks: their sequences through the encoder)."""
     from dprflow.cli import parse_args
+    from dprflow.training.memory import StepMemory
+
+    if task.startswith("bert"):
+        return StepMemory(((batch_size * (group_size if task == "bert_passages" else 1), seq_len),))
     from dprflow.stages import (
         pretrain_contriever,
         pretrain_corpus,
@@ -55,14 +63,16 @@ def stage_step(task: str, batch_size: int, group_size: int, seq_len: int, shape,
                                         "--max-query-length", 18, "--max-passage-length", seq_len]),
         "condenser": (pretrain_generic, ["--batch-size", batch_size, "--max-length", seq_len]),
         # rows 2j and 2j + 1: two spans of document j
-        "cocondenser": (pretrain_corpus, ["--passages", "p", "--batch-size", batch_size // 2,
+        "cocondenser": (pretrain_corpus, ["--passages", "p", "--batch-size", batch_size // 2, "--span-min", 1,
                                           "--span-max", seq_len - 2]),
         "mae": (pretrain_mae, ["--variant", "bmae", "--corpus", "pydoc", "--batch-size", batch_size,
                                "--max-length", seq_len]),
         "contriever": (pretrain_contriever, ["--passages", "p", "--batch-size", batch_size,
                                              "--max-doc-tokens", seq_len - 2, "--queue-size", 4096]),
     }  # fmt: skip
-    module, extra = cases[task]
+    module, extra = cases[task.removesuffix("_cache")]
+    if task.endswith("_cache"):
+        extra = [*extra, "--chunk-size", chunk]
     args = parse_args(module.Args, [str(a) for a in common + extra], module.__name__)
     return module.step_memory(args, shape, world=1)
 

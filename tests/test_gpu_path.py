@@ -145,6 +145,9 @@ def test_a_training_stage_runs_the_gpu_path_on_a_cpu(train_data, tiny_init, gpu,
     branch; killed after step 3 and resumed (the fp16 loss scaler's state with it). On 4330655
     this path crashed in Trainer._prepare on ``max()`` of an empty list (the gradient-cache budget)."""
     monkeypatch.setattr(hardware, "device_info", lambda device=None: gpu)
+    monkeypatch.setattr(
+        torch.cuda, "is_available", lambda: False
+    )  # the tensors on the CPU, even on a GPU machine
     monkeypatch.setattr(steps, "_told_chunks", set())  # the chunk is logged once per process
     command = argv(train_data, tiny_init, "fake_gpu", chunk_size=2, checkpoint_every=2)
 
