@@ -6,19 +6,23 @@ steps holds at once as a :class:`StepMemory`; :func:`check_training_memory` comp
 with what the job was given (the Snakemake rule's ``resources.mem_mb``, passed as ``--mem-mb``),
 what the machine has (its RAM or cgroup limit; on a GPU, the device's memory) and stops with the
 estimate, the figure it was compared with, and the config keys that change it. On a GPU the
-estimate is only logged, with a warning when it is above the device's memory: fused attention
-kernels keep no ``s x s`` scores there, so the bound below can be far above the real peak.
+estimate is only logged, with a warning when it is above the device's memory.
 
-The estimate is an upper bound for a BERT-like encoder: parameters with their gradients and the
-two AdamW moments (16 bytes per fp32 parameter trained, 4 per parameter held without gradient,
-such as MoCo's key encoder) plus the activations a backward pass keeps, per Transformer layer and
-sequence of ``s`` tokens (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-Transformer Models", section 4.1, generalised to an intermediate size ``I``)::
+The estimate is an upper bound for a BERT-like encoder: the weights and AdamW's two moments (12
+bytes per fp32 parameter trained, 4 per parameter held without gradient, such as MoCo's key
+encoder), the gradients (4 bytes per parameter, made in the backward as the activations are
+freed: the larger of the two counts, unless earlier micro-batches' gradients are held through the
+forward), plus the activations a backward pass keeps, per Transformer layer and sequence of
+``s`` tokens (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models", section 4.1, generalised to an intermediate size ``I``)::
 
     18 s h + 4 s I + 5 a s^2   bytes with 16-bit activations (twice that in fp32)
 
 for hidden size ``h`` and ``a`` attention heads, every sequence taken at its maximum length (a
-batch is padded to its longest). With gradient checkpointing a layer keeps only its input
+batch is padded to its longest); the ``5 a s^2`` of scores, softmax and dropout mask only where
+the attention kernel keeps them (:func:`keeps_attention_scores`: not torch's fused SDPA kernels
+on a GPU). ``bench/bench_step_memory.py`` measures real steps against it: 1.05-1.22x the peak on
+a CPU. With gradient checkpointing a layer keeps only its input
 (``s h`` values) and one layer's activations are rebuilt at a time. On top come the extra costs
 of each method: the layers a sequence runs through besides the encoder (Condenser's head, an MAE's
 decoder), the MLM logits of the masked tokens (``[M, V]``, kept with their fp32 log-softmax for
