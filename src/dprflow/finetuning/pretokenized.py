@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import BatchEncoding
 
 from dprflow.data.token_store import TokenStore, TokenStoreWriter
 
@@ -101,16 +100,14 @@ def longest_first(n_a: int, n_b: int, budget: int) -> tuple[int, int]:
     return (kept_long, kept_short) if n_a > n_b else (kept_short, kept_long)
 
 
-def single_batch(rows: Sequence[np.ndarray], tokenizer, max_length: int) -> BatchEncoding:
+def single_batch(rows: Sequence[np.ndarray], tokenizer, max_length: int):
     """``[CLS] row [SEP]`` of each row cut to ``max_length`` tokens in all, padded to the
     longest: what ``tokenizer(texts, max_length=max_length, truncation=True, padding=True,
     return_tensors="pt")`` gives."""
     return _assemble([(row[: max_length - 2], None) for row in rows], tokenizer)
 
 
-def pair_batch(
-    first: Sequence[np.ndarray], second: Sequence[np.ndarray], tokenizer, max_length: int
-) -> BatchEncoding:
+def pair_batch(first: Sequence[np.ndarray], second: Sequence[np.ndarray], tokenizer, max_length: int):
     """``[CLS] a [SEP] b [SEP]`` of each pair cut longest first to ``max_length`` tokens, padded
     to the longest: what :func:`dprflow.finetuning.reranking.tokenize_pairs` gives."""
     pairs = []
@@ -120,7 +117,11 @@ def pair_batch(
     return _assemble(pairs, tokenizer)
 
 
-def _assemble(pairs: list[tuple[np.ndarray, np.ndarray | None]], tokenizer) -> BatchEncoding:
+def _assemble(pairs: list[tuple[np.ndarray, np.ndarray | None]], tokenizer):
+    """A ``BatchEncoding`` (transformers, imported here: the stage modules import no transformers
+    until they load a tokenizer) of the pairs, padded on the right."""
+    from transformers import BatchEncoding
+
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     lengths = [len(a) + 2 + (0 if b is None else len(b) + 1) for a, b in pairs]
     shape = (len(pairs), max(lengths))

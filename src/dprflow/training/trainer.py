@@ -163,6 +163,11 @@ class Trainer:
             self.ddp_model = torch.nn.parallel.DistributedDataParallel(
                 self.model, device_ids=ddp_device_ids(self.dist.device)
             )
+        self._log_device()
+
+    def _log_device(self) -> None:
+        """One line with the device's properties and what the run decided from them."""
+        info = self.device_info
         budget = "none" if self.chunk_budget is None else f"{self.chunk_budget // memory.MB} MB"
         log.info(
             "device %s, %s: %s, fused AdamW %s, TF32 %s, pinned batches %s, gradient-cache budget %s, "
@@ -171,7 +176,7 @@ class Trainer:
             info.describe(),
             self.precision,
             self.optimizer.defaults.get("fused") or False,
-            tf32_applies(info) and args.tf32,
+            tf32_applies(info) and self.args.tf32,
             pin_memory(info),
             budget,
             self.pad_multiple,
