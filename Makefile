@@ -68,5 +68,13 @@ bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 	$(BIN)/python bench/summarize.py
 
+# The first thing to run on a new GPU machine (docs/clusters.md): the GPU tests, then every step
+# type's tokens/s, MFU and memory on BERT-base, in one table. Needs only a stock PyTorch image
+# (torch, transformers, pandas, pyarrow, safetensors, pytest), not `make setup`.
+GPU_PYTHON ?= python3
+.PHONY: gpu-check
+gpu-check:
+	PYTHONPATH=src $(GPU_PYTHON) scripts/gpu_check.py
+
 clean:
 	rm -rf results .snakemake

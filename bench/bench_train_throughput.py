@@ -63,6 +63,7 @@ from transformers import BertConfig, BertForMaskedLM, BertModel, BertTokenizerFa
 
 from dprflow.finetuning.biencoder import BiEncoder  # noqa: E402
 from dprflow.finetuning.losses import contrastive_loss  # noqa: E402
+from dprflow.finetuning.pretokenized import TokenRows, single_batch  # noqa: E402
 from dprflow.precision import autocast, resolve_precision  # noqa: E402
 from dprflow.pretraining.condenser.data import mlm_batch  # noqa: E402
 from dprflow.pretraining.condenser.model import Condenser, CondenserConfig  # noqa: E402
@@ -78,10 +79,21 @@ from dprflow.training.trainer import Trainer  # noqa: E402
 
 WORDS = 4000  # vocabulary of the generated texts
 MODELS = {
+    "micro": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256),  # tests
     "tiny": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=2, intermediate_size=512),
     "base": dict(),  # BertConfig's defaults: BERT-base (768 hidden, 12 layers, 12 heads)
 }
-TASKS = ("retriever", "retriever_cache", "condenser", "cocondenser", "cocondenser_cache", "mae", "contriever")
+TASKS = (
+    "retriever",
+    "retriever_cache",
+    "condenser",
+    "cocondenser",
+    "cocondenser_cache",
+    "mae",
+    "contriever",
+    "bert",
+    "bert_passages",
+)
 # Dense tensor-core peaks in TFLOP/s from the vendors' datasheets (SXM parts; no sparsity):
 # bf16/fp16, and TF32 for fp32 matrix products. Matched by a substring of the device name.
 PEAK_TFLOPS = {
@@ -156,13 +168,23 @@ class Task:
             g = args.group_size
             self.items = [(q, passages[i * g : (i + 1) * g]) for i, q in enumerate(queries)]
 
-            def make_batch(rng, items):
+            def from_texts(rng, items):  # the texts tokenized inside the step (--texts)
                 tok = dict(truncation=True, padding=True, return_tensors="pt")
                 q = tokenizer([q for q, _ in items], max_length=32, **tok)
                 p = tokenizer([p for _, group in items for p in group], max_length=args.seq_len, **tok)
                 return q, p
 
-            self.make_batch = make_batch
+            self.make_batch = from_texts
+            if not getattr(args, "texts", False):  # as train_retriever: ids made once (pretokenize)
+                q_ids, p_ids = (
+                    TokenRows.tokenize(queries, tokenizer, 30),
+                    TokenRows.tokenize(passages, tokenizer, span),
+                )
+                self.items = [(i, range(i * g, (i + 1) * g)) for i in range(len(queries))]
+                self.make_batch = lambda rng, items: (
+                    single_batch([q_ids[i] for i, _ in items], tokenizer, 32),
+                    single_batch([p_ids[j] for _, group in items for j in group], tokenizer, args.seq_len),
+                )
         elif name in ("condenser", "cocondenser", "cocondenser_cache"):
             self.model_fn = lambda: Condenser.from_pretrained(folder / "mlm", CondenserConfig())
             # coCondenser: rows 2j and 2j+1 are two spans of document j.
@@ -174,6 +196,15 @@ class Task:
             self.make_batch = lambda rng, items: mae_batch(
                 "bmae", items, tokenizer, rng, p_enc=0.3, p_dec=0.5
             )
+        elif name.startswith("bert"):  # the bare model: every sequence full, no head, no loss to speak of
+            # bert: the batch's B sequences (Condenser's shape); bert_passages: its B x G passages
+            per_item = args.group_size if name == "bert_passages" else 1
+            self.model_fn = lambda: BertModel.from_pretrained(folder / "encoder", add_pooling_layer=False)
+            self.items = list(torch.randint(5, len(tokenizer), (n_items, per_item, args.seq_len)))
+            self.make_batch = lambda rng, items: {
+                "input_ids": torch.cat(items),
+                "attention_mask": torch.ones(len(items) * per_item, args.seq_len, dtype=torch.long),
+            }
         elif name == "contriever":
             encoder = folder / "encoder"
             self.model_fn = lambda: Contriever(
@@ -205,6 +236,10 @@ class Task:
             return biencoder_step(m, batch[0], batch[1], loss, self.chunk_size, backward)
         if self.name.startswith("cocondenser"):
             return {"loss": cocondenser_step(m, batch, self.chunk_size, backward).loss}
+        if self.name.startswith("bert"):
+            loss = m(**batch).last_hidden_state.float().square().mean()
+            backward(loss)
+            return {"loss": loss.detach()}
         out = m(**batch)
         backward(out.loss)
         return {"loss": out.loss.detach()}
@@ -268,7 +303,7 @@ def plain_loop(task: Task, args, device: torch.device, precision: str, steps: in
     same step, ready to run."""
     model = task.model_fn().to(device).train()
     optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-5)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, 1 - s / steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, 1 - s / max(steps, 1)))
     resolved = resolve_precision(precision, device)
     scaler = torch.amp.GradScaler("cuda") if resolved == "fp16" else None
     batches = StepBatches(task.items, task.make_batch, seed=13, batch_size=args.batch_size)
@@ -325,6 +360,8 @@ def trainer_loop(task: Task, args, device, precision, steps, folder: Path, **opt
 
 def loop(task: Task, args, device, precision: str, folder: Path, options: dict | None, steps: int):
     """The plain loop (``options`` None) or the Trainer with ``options``, for ``steps`` steps."""
+    if steps == 0:  # no warm-up (the Trainer's max_steps 0 would mean one epoch)
+        return lambda: None
     if options is None:
         return plain_loop(task, args, device, precision, steps)
     return trainer_loop(task, args, device, precision, steps, folder, **options)
@@ -377,6 +414,28 @@ def measure(label: str, setup, task: Task, args, device: torch.device, peak: flo
     return row
 
 
+def estimate_mib(task: str, args, gpu: bool, precision: str) -> float:
+    """The stage's memory estimate of ``task``'s step (bench_step_memory.stage_step): on a GPU
+    without the allowance for the process (host memory; comparable with the peak allocated), on a
+    CPU with it (comparable with the process's peak resident set)."""
+    from bench_step_memory import stage_step
+
+    from dprflow.training.memory import (
+        PROCESS_BYTES,
+        EncoderShape,
+        bytes_per_value,
+        estimate_step_bytes,
+        keeps_attention_scores,
+    )
+
+    config = BertConfig(vocab_size=WORDS + 5, max_position_embeddings=512, **MODELS[args.model])
+    shape = EncoderShape.of(config)
+    step = stage_step(task, args.batch_size, args.group_size, args.seq_len, shape, precision, args.chunk_size)
+    scores = keeps_attention_scores("sdpa", gpu)
+    estimate = estimate_step_bytes(shape, step, bytes_per_value(precision, gpu), scores)
+    return (estimate - (PROCESS_BYTES if gpu else 0)) / 2**20
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -402,6 +461,16 @@ def main(argv: list[str] | None = None) -> int:
         choices=["plain", "trainer", "compile", "checkpointing"],
         help="loops to measure: the plain loop, the Trainer (defaults), with torch.compile, with "
         "gradient checkpointing",
+    )
+    parser.add_argument(
+        "--compile-tasks",
+        nargs="*",
+        default=None,
+        choices=list(TASKS),
+        help="the tasks the compile variant runs for (default: every task measured)",
+    )
+    parser.add_argument(
+        "--texts", action="store_true", help="retriever: tokenize each batch's texts in the step (not ids)"
     )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (CPU runs)")
     parser.add_argument("--no-write", action="store_true", help="print only, write no results/bench files")
@@ -430,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.steps} timed steps",
         flush=True,
     )
-    precision = "bf16" if gpu and torch.cuda.is_bf16_supported() else "fp32"
+    precision = resolve_precision("auto", device)  # bf16 where native, else fp16; fp32 on a CPU
     peak, peak_source = peak_flops(device, precision)
     print(f"peak: {peak / 1e12:.3f} TFLOP/s ({peak_source})", flush=True)
     all_variants = {
@@ -450,16 +519,34 @@ def main(argv: list[str] | None = None) -> int:
             # Repeats interleave the variants, and the best of each is kept: on a shared
             # machine the other load only ever slows a run down.
             best: dict[str, dict] = {}
+            estimate = estimate_mib(task_name, args, gpu, precision)
             for _ in range(args.repeats):
                 for label, options in variants:
+                    if (
+                        label == "compile"
+                        and args.compile_tasks is not None
+                        and task_name not in args.compile_tasks
+                    ):
+                        continue
                     setup = functools.partial(loop, task, args, device, precision, folder, options)
                     row = measure(f"{task_name}_{label}_{precision}", setup, task, args, device, peak)
                     if label not in best or row["tokens_per_s"] > best[label]["tokens_per_s"]:
-                        best[label] = {**row, "task": task_name, "loop": label, "precision": precision}
+                        best[label] = {
+                            **row,
+                            "task": task_name,
+                            "loop": label,
+                            "precision": precision,
+                            "estimate_mib": estimate,
+                        }
             rows += best.values()
     print()
-    print("| step | loop | precision | tokens/s | TFLOP/s | MFU | vs plain | peak MiB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        f"device: {name}; torch {torch.__version__}, transformers {transformers.__version__}, Python "
+        f"{sys.version.split()[0]}; model {args.model}, {precision}; batch {args.batch_size}, group "
+        f"{args.group_size}, {args.seq_len} tokens, {args.steps} timed steps"
+    )
+    print("| step | loop | precision | tokens/s | TFLOP/s | MFU | vs plain | peak MiB | estimate MiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         plain = next(  # the plain loop, else the first variant
             r for r in rows if r["task"] == row["task"] and r["loop"] in ("plain", variants[0][0])
@@ -468,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         mem = "" if row["peak_mib"] is None else f"{row['peak_mib']:.0f}"
         print(
             f"| {row['task']} | {row['loop']} | {row['precision']} | {row['tokens_per_s']:.0f} | "
-            f"{row['tflops']:.3f} | {row['mfu']:.1%} | {ratio:.2f} | {mem} |"
+            f"{row['tflops']:.3f} | {row['mfu']:.1%} | {ratio:.2f} | {mem} | {row['estimate_mib']:.0f} |"
         )
         if not args.no_write:
             write_bench(

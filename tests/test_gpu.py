@@ -1,6 +1,8 @@
 """Checks of the GPU paths: mixed-precision training survives a kill (fp16 with its loss scaler,
-bf16), and the memory estimate warns instead of stopping on a GPU. Skipped where there is no GPU
-(CI runs on CPU); run them on a GPU machine with `pytest tests/test_gpu.py`."""
+bf16), the device's properties as torch reads them, and the memory estimate warns instead of
+stopping on a GPU. Skipped where there is no GPU (CI runs on CPU, where tests/test_gpu_path.py
+runs the same branches with a GPU's properties given as values); on a GPU machine `make
+gpu-check` runs them (docs/clusters.md)."""
 
 from __future__ import annotations
 
@@ -98,6 +100,20 @@ def test_mixed_precision_training_resumes_after_a_kill(train_data, tiny_init, pr
     lb = pd.read_csv(train_data / "resumed" / "train_log.csv")["loss"]
     assert len(la) == len(lb)
     torch.testing.assert_close(torch.tensor(la.values), torch.tensor(lb.values), rtol=1e-3, atol=1e-3)
+
+
+def test_the_gpus_properties_drive_the_decisions():
+    """DeviceInfo read from this GPU: the values tests/test_gpu_path.py gives on a CPU."""
+    from dprflow.device import device_info
+    from dprflow.precision import resolve_precision
+    from dprflow.training.devices import pad_multiple, use_fused_adamw
+
+    info = device_info(torch.device("cuda", 0))
+    props = torch.cuda.get_device_properties(0)
+    assert info.is_cuda and info.name == props.name and info.total_memory == props.total_memory
+    assert info.capability == (props.major, props.minor) and info.bf16 == (props.major >= 8)
+    assert resolve_precision("auto", info) == ("bf16" if info.bf16 else "fp16")
+    assert pad_multiple("auto", info) == 8 and use_fused_adamw(info, True)
 
 
 def test_a_step_above_the_gpus_memory_warns_and_goes_on(tiny_init, caplog):

@@ -13,7 +13,7 @@ from dprflow.pretraining.condenser.model import (
 from dprflow.pretraining.masking import IGNORE_INDEX, mask_tokens, special_tokens_mask
 from dprflow.training import steps
 from dprflow.training.gradcache import ChunkLoss, gradcache_step, split_batch
-from dprflow.training.memory import activation_bytes, encoder_config
+from dprflow.training.memory import activation_bytes, encoder_config, masked_per_row, row_activation_bytes
 from dprflow.training.steps import cocondenser_gradcache_step, fitting_chunk
 
 TINY = dict(vocab_size=100, hidden_size=16, num_hidden_layers=4, num_attention_heads=2, intermediate_size=32)
@@ -192,7 +192,9 @@ def test_the_chunk_from_memory_is_the_largest_that_fits_and_the_gradients_stay(c
     (dropout off: its masks are drawn per chunk, so other chunks draw other masks)."""
     condenser.eval()
     rows, length = batch["input_ids"].shape
-    per_row = activation_bytes(encoder_config(condenser), length, 4)
+    # every layer of the chunk's forward (encoder and head), one layer's gradients, the logits
+    per_row = row_activation_bytes(condenser, length, 4, masked_per_row(0.15, length))
+    assert per_row > activation_bytes(encoder_config(condenser), length, 4, layers=4)
     with steps.chunk_budget(4 * per_row + 1):
         assert fitting_chunk(condenser, 2, length, rows) == 4
         torch.manual_seed(5)

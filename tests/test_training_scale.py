@@ -224,16 +224,18 @@ def test_precision_on_cpu_is_fp32_and_unknown_values_are_errors():
         resolve_precision("half", "cpu")
 
 
-def test_precision_on_a_gpu_uses_bf16_only_where_supported(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "an old GPU")
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
-    assert resolve_precision("auto", "cuda") == "fp16"
-    assert resolve_precision("fp32", "cuda") == "fp32"
-    with pytest.raises(ValueError, match="an old GPU does not support bfloat16"):
-        resolve_precision("bf16", "cuda")
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert resolve_precision("auto", "cuda") == "bf16"
-    assert resolve_precision("fp16", "cuda") == "fp16"
+def test_precision_on_a_gpu_uses_bf16_only_where_supported():
+    """The GPU's properties given as values (dprflow.device.DeviceInfo; tests/test_gpu_path.py)."""
+    from dprflow.device import DeviceInfo
+
+    old = DeviceInfo("cuda", 0, "an old GPU", 16 * 2**30, bf16=False, capability=(7, 0))
+    assert resolve_precision("auto", old) == "fp16"
+    assert resolve_precision("fp32", old) == "fp32"
+    with pytest.raises(ValueError, match=r"an old GPU \(compute capability 7.0\) has no native bfloat16"):
+        resolve_precision("bf16", old)
+    new = DeviceInfo("cuda", 0, "a new GPU", 80 * 2**30, bf16=True, capability=(9, 0))
+    assert resolve_precision("auto", new) == "bf16"
+    assert resolve_precision("fp16", new) == "fp16"
 
 
 # ---- the settings reach each stage's command line (dry run) -----------------------------------

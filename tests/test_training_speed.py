@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from transformers import BatchEncoding, BertConfig, BertForMaskedLM
+from transformers import BatchEncoding, BertConfig, BertForMaskedLM, BertModel
 
 from dprflow.training import devices
 from dprflow.training.optim import TrainArgs, adamw
@@ -94,9 +94,55 @@ def test_compiled_encoder_gives_the_eager_loss_and_gradients(tmp_path, monkeypat
     )
     model = tiny_mlm()
     compiled = loss_and_grads(model, TrainArgs(compile=True), tmp_path / "c")
-    assert model._compiled_call_impl is not None  # compiled in place: the weights keep their names
+    # every layer compiled in place: the weights keep their names
+    assert all(layer._compiled_call_impl is not None for layer in model.bert.encoder.layer)
     assert set(model.state_dict()) == set(tiny_mlm().state_dict())
     assert_close(compiled, plain, 1e-5)
+
+
+def test_compile_runs_every_layer_of_a_method_in_one_graph_for_every_shape(tmp_path, monkeypatch):
+    """The Condenser calls its backbone's and its head's layers itself: all four run compiled
+    (compiling the backbone's forward, as before, compiled nothing the Condenser runs), and
+    batches of five lengths and two sizes give the graphs of the first batch and no other
+    (dynamic shapes: no recompile), with the eager loss and gradients."""
+    from torch._dynamo.backends.debugging import aot_eager
+
+    from dprflow.pretraining.condenser.model import Condenser
+
+    graphs = []
+
+    def counting(gm, inputs):
+        graphs.append(gm)
+        return aot_eager(gm, inputs)
+
+    compile_ = devices.compile_transformers
+    monkeypatch.setattr(
+        "dprflow.training.trainer.compile_transformers", lambda m: compile_(m, backend=counting)
+    )
+    batches = [
+        padded_batch(i, rows, n) for i, (rows, n) in enumerate([(4, 9), (4, 12), (6, 16), (4, 21), (6, 7)])
+    ]
+    results, counts = [], []
+    for compile in (False, True):
+        torch.manual_seed(0)
+        model = Condenser(
+            BertModel(BertConfig(**TINY, hidden_dropout_prob=0, attention_probs_dropout_prob=0))
+        )
+        trainer = trainer_for(
+            model, TrainArgs(batch_size=1, compile=compile), tmp_path / str(compile), batches
+        )
+        trainer.model.train()
+        losses = []
+        for batch in batches:
+            losses.append(float(trainer._accumulate(batch)["loss"].detach()))
+            counts.append(len(graphs))
+        grads = {n: p.grad for n, p in trainer.model.named_parameters() if p.grad is not None}
+        results.append((losses, grads))
+    assert sum(layer._compiled_call_impl is not None for layer in devices.layers_in(model)) == 4
+    assert counts[:5] == [0] * 5 and counts[5] > 0 and counts[5:] == [counts[5]] * 5, counts
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5)
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_tf32_and_fused_switches_leave_the_cpu_step_as_it_is(tmp_path):

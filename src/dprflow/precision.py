@@ -7,9 +7,13 @@ scoring, doc2query generation). :func:`resolve_precision` turns the setting into
 runs:
 
 - on a CPU everything runs in fp32 (today's CPU numbers; a bf16/fp16 request is logged once);
-- on a GPU, ``auto`` is bf16 where the GPU supports it (``torch.cuda.is_bf16_supported()``:
-  Ampere and later) and fp16 elsewhere; ``bf16`` on a GPU without it is an error, not a silent
-  fallback.
+- on a GPU, ``auto`` is bf16 where the GPU computes it natively (Ampere and later, compute
+  capability 8.0; :func:`dprflow.device.native_bf16`) and fp16 elsewhere; ``bf16`` on a GPU
+  without it is an error, not a silent fallback. (``torch.cuda.is_bf16_supported()`` also says
+  yes on a V100 or T4, where bf16 is emulated and far slower than fp16.)
+
+The decision reads the device's properties (:class:`dprflow.device.DeviceInfo`), so the GPU
+branch is tested on a CPU with a GPU's properties given as values.
 
 Weights stay in float32; only the forward runs in the lower precision, and every result that
 leaves a stage (embeddings, scores) is float32.
@@ -22,6 +26,9 @@ import logging
 
 import torch
 
+from dprflow import device as hardware
+from dprflow.device import DeviceInfo
+
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -29,29 +36,29 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _warned: set[tuple[str, str]] = set()
 
 
-def resolve_precision(precision: str, device: str | torch.device) -> str:
+def resolve_precision(precision: str, device: str | torch.device | DeviceInfo) -> str:
     """The precision ``device`` runs for the setting ``precision``: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
 
-    Raises ``ValueError`` for an unknown setting, and for ``bf16`` on a GPU that does not
-    support it (use ``auto``, ``fp16`` or ``fp32`` there).
+    ``device``: a device (its properties read from torch) or its :class:`DeviceInfo`. Raises
+    ``ValueError`` for an unknown setting, and for ``bf16`` on a GPU that does not support it
+    (use ``auto``, ``fp16`` or ``fp32`` there).
     """
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; allowed: {', '.join(PRECISIONS)}")
-    device = torch.device(device)
-    if device.type != "cuda":
-        if precision in ("bf16", "fp16") and (precision, device.type) not in _warned:
-            _warned.add((precision, device.type))
+    info = device if isinstance(device, DeviceInfo) else hardware.device_info(device)
+    if not info.is_cuda:
+        if precision in ("bf16", "fp16") and (precision, info.type) not in _warned:
+            _warned.add((precision, info.type))
             log.warning(
-                "precision %s: the %s runs in fp32 (mixed precision is for GPUs)", precision, device.type
+                "precision %s: the %s runs in fp32 (mixed precision is for GPUs)", precision, info.type
             )
         return "fp32"
-    bf16_ok = torch.cuda.is_bf16_supported()
     if precision == "auto":
-        return "bf16" if bf16_ok else "fp16"
-    if precision == "bf16" and not bf16_ok:
+        return "bf16" if info.bf16 else "fp16"
+    if precision == "bf16" and not info.bf16:
         raise ValueError(
-            f"precision bf16: {torch.cuda.get_device_name(device)} does not support bfloat16; "
-            "set precision to auto, fp16 or fp32"
+            f"precision bf16: {info.name} (compute capability {info.capability[0]}.{info.capability[1]}) "
+            "has no native bfloat16 (Ampere, 8.0, and later); set precision to auto, fp16 or fp32"
         )
     return precision
 

@@ -98,3 +98,17 @@ class OptimArgs:
             "memory (at least --chunk-size)"
         },
     )
+    pad_to_multiple_of: str = field(
+        default="auto",
+        metadata={
+            "help": "pad each batch's sequences to a multiple of this at their longest (0: the longest; "
+            "auto: 8 on a GPU, 0 on a CPU)"
+        },
+    )
+    pretokenize: bool = field(
+        default=True,
+        metadata={
+            "help": "retriever and reranker: build batches from token ids made once before training "
+            "instead of tokenizing each batch's texts (the same batches)"
+        },
+    )

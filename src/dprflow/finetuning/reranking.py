@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from dprflow.device import stage_device
 from dprflow.precision import autocast, resolve_precision
 from dprflow.progress import Progress
 
@@ -82,7 +83,7 @@ def score_with_reranker(
 
     tokenizer = load_tokenizer(model_dir)
     texts = passage_texts(passages, tokenizer.sep_token or "|")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = stage_device()
     model = CrossEncoder.from_pretrained(model_dir).to(device)
     resolved = resolve_precision(precision, device)
     log.info("scoring in %s on %s", resolved, device)

@@ -20,6 +20,7 @@ import torch
 
 from dprflow.cli import StageError, run_stage
 from dprflow.data.schemas import read_table, write_table
+from dprflow.device import stage_device
 from dprflow.precision import PRECISIONS, autocast, resolve_precision
 from dprflow.pretraining.query_as_context.doc2query import QueryGenerator, generator_inputs
 
@@ -90,7 +91,7 @@ def generate(args: Args) -> None:
     generator = QueryGenerator.from_pretrained(
         args.model, max_passage_length=args.max_passage_length or None, input_prefix=args.input_prefix
     )
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = stage_device()
     generator.to(device)
     precision = resolve_precision(args.precision, device)
     log.info("generating in %s on %s", precision, device)

@@ -19,6 +19,7 @@ import torch
 
 from dprflow.cli import StageError, run_stage
 from dprflow.data.schemas import read_rows, read_table
+from dprflow.device import stage_device
 from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer, model_prompts
 from dprflow.finetuning.examples import encoder_texts
 from dprflow.finetuning.st_format import POOLINGS, SIMILARITIES, with_prompt
@@ -80,7 +81,8 @@ def batch_aligned(rows: slice, batch_size: int, n: int) -> slice:
 
 
 def model_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """The process's GPU when one is visible, else the CPU (:func:`dprflow.device.stage_device`)."""
+    return stage_device()
 
 
 def encode(args: Args) -> None:

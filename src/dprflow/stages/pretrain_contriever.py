@@ -43,6 +43,7 @@ from dprflow.training.memory import (
     check_training_memory,
     contrastive_cache_bytes,
     encoder_shape,
+    holds_gradients,
     per_process,
     world_size,
 )
@@ -171,11 +172,13 @@ def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> St
             frozen_params=shape.params,
             buffer_bytes=queue + contrastive_cache_bytes(rows, 1 + args.queue_size, shape.hidden_size),
             checkpointing=args.gradient_checkpointing,
+            accumulates=holds_gradients(args.gradient_accumulation_steps, rows),
         )
     return StepMemory(
         ((2 * rows, length),),
         buffer_bytes=contrastive_cache_bytes(rows, rows * world, shape.hidden_size),
         checkpointing=args.gradient_checkpointing,
+        accumulates=holds_gradients(args.gradient_accumulation_steps, rows),
     )
 
 
@@ -212,7 +215,9 @@ def _pretrain(args: Args, scratch: str) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     shape = encoder_shape(args.init)
-    check_training_memory(shape, step_memory(args, shape), args.mem_mb, MEMORY_KEYS, args.precision)
+    check_training_memory(
+        shape, step_memory(args, shape), args.mem_mb, MEMORY_KEYS, args.precision, attention=args.attention
+    )
     tokenizer = load_tokenizer(args.init)
     docs, counts = training_documents(args, tokenizer, scratch)
     if len(docs) < args.batch_size and args.documents == "stream":

@@ -37,6 +37,7 @@ from dprflow.training.memory import (
     check_training_memory,
     contrastive_cache_bytes,
     encoder_shape,
+    holds_gradients,
     masked_per_row,
     per_process,
     world_size,
@@ -159,6 +160,7 @@ def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> St
         extra_params=n_head_layers * shape.layer_params + shape.mlm_head_params,
         buffer_bytes=contrastive_cache_bytes(spans, spans * world, shape.hidden_size),
         checkpointing=args.gradient_checkpointing,
+        accumulates=holds_gradients(args.gradient_accumulation_steps, spans, args.chunk_size),
     )
 
 
@@ -172,7 +174,9 @@ def _pretrain(args: Args, scratch: str) -> None:
         torch.set_num_threads(args.threads)
     shape = encoder_shape(args.init)
     step = step_memory(args, shape)
-    check_training_memory(shape, step, args.mem_mb, MEMORY_KEYS, args.precision, chunk_key=CHUNK_KEY)
+    check_training_memory(
+        shape, step, args.mem_mb, MEMORY_KEYS, args.precision, CHUNK_KEY, attention=args.attention
+    )
     tokenizer = load_tokenizer(args.init)
     docs, counts = training_items(args, tokenizer, scratch)
     if len(docs) < args.batch_size:

@@ -27,6 +27,7 @@ from dprflow.training.memory import (
     StepMemory,
     check_training_memory,
     encoder_shape,
+    holds_gradients,
     masked_per_row,
     per_process,
     world_size,
@@ -87,6 +88,7 @@ def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> St
         masked_tokens=2 * rows * masked_per_row(args.mlm_probability, length - 2),
         extra_params=args.n_head_layers * shape.layer_params + shape.mlm_head_params,
         checkpointing=args.gradient_checkpointing,
+        accumulates=holds_gradients(args.gradient_accumulation_steps, rows),
     )
 
 
@@ -99,7 +101,9 @@ def _pretrain(args: Args, scratch: str) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     shape = encoder_shape(args.init)
-    check_training_memory(shape, step_memory(args, shape), args.mem_mb, MEMORY_KEYS, args.precision)
+    check_training_memory(
+        shape, step_memory(args, shape), args.mem_mb, MEMORY_KEYS, args.precision, attention=args.attention
+    )
     tokenizer = load_tokenizer(args.init)
     store = open_or_tokenize(args.tokens, "texts", tokenizer, scratch, args.corpus_path, args.corpus)
     # MLM chunks of max_length - 2 tokens, cut from the store per batch (corpus.chunk_tokens' ranges)

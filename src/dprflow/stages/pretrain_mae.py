@@ -52,6 +52,7 @@ from dprflow.training.memory import (
     StepMemory,
     check_training_memory,
     encoder_shape,
+    holds_gradients,
     masked_per_row,
     per_process,
     world_size,
@@ -232,6 +233,7 @@ def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> St
         enc = dec = args.span_max
     else:
         rows, enc, dec = args.batch_size, args.max_length - 2, args.max_length - 2
+    local = per_process(rows, world, args.gradient_accumulation_steps)
     rows = per_process(rows, world, args.gradient_accumulation_steps, args.chunk_size)
     projection = args.variant != "cotmae" if args.use_projection is None else args.use_projection
     masked = masked_per_row(args.p_enc, enc) + masked_per_row(args.p_dec, dec)
@@ -243,6 +245,7 @@ def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> St
         + projection * (shape.hidden_size + 1) * shape.hidden_size
         + shape.mlm_head_params,
         checkpointing=args.gradient_checkpointing,
+        accumulates=holds_gradients(args.gradient_accumulation_steps, local, args.chunk_size),
     )
 
 
@@ -256,7 +259,9 @@ def _pretrain(args: Args, scratch: str) -> None:
         torch.set_num_threads(args.threads)
     shape = encoder_shape(args.init)
     step = step_memory(args, shape)
-    check_training_memory(shape, step, args.mem_mb, memory_keys(args), args.precision, chunk_key=CHUNK_KEY)
+    check_training_memory(
+        shape, step, args.mem_mb, memory_keys(args), args.precision, CHUNK_KEY, attention=args.attention
+    )
     tokenizer = load_tokenizer(args.init)
     items, counts = training_items(args, tokenizer, scratch)
     set_seed(args.seed)  # the decoder's and projection's random initialisation

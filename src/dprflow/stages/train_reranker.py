@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -15,6 +16,7 @@ from dprflow.finetuning.biencoder import load_tokenizer
 from dprflow.finetuning.cross_encoder import CrossEncoder
 from dprflow.finetuning.examples import GroupTrainingArgs, read_training_examples, sample_group
 from dprflow.finetuning.losses import listwise_ce
+from dprflow.finetuning.pretokenized import GroupTokens, from_ids_if_same, pair_batch
 from dprflow.finetuning.reranking import tokenize_pairs
 from dprflow.pretraining.corpus import scratch_dir
 from dprflow.training.devices import set_seed
@@ -22,6 +24,7 @@ from dprflow.training.memory import (
     EncoderShape,
     StepMemory,
     check_training_memory,
+    holds_gradients,
     per_process,
     world_size,
 )
@@ -63,9 +66,12 @@ def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> St
     one micro-batch and one chunk of queries of it at a time (``shape``, the encoder's, adds
     nothing here: the same call as every training stage's)."""
     world = world_size() if world is None else world
-    queries = per_process(args.batch_size, world, args.gradient_accumulation_steps, args.chunk_size)
+    k = args.gradient_accumulation_steps
+    queries = per_process(args.batch_size, world, k, args.chunk_size)
     return StepMemory(
-        ((queries * args.group_size, args.max_length),), checkpointing=args.gradient_checkpointing
+        ((queries * args.group_size, args.max_length),),
+        checkpointing=args.gradient_checkpointing,
+        accumulates=holds_gradients(k, per_process(args.batch_size, world, k), args.chunk_size),
     )
 
 
@@ -91,9 +97,10 @@ def fine_tune(args: Args, scratch: str) -> None:
         ["finetune.reranker.batch_size", "finetune.reranker.group_size", "finetune.reranker.max_length"],
         args.precision,
         chunk_key="finetune.reranker.chunk_size",
+        attention=args.attention,
     )
 
-    def make_batch(rng, batch_items):
+    def from_texts(rng, batch_items):
         groups = [sample_group(rng, it, G) for it in batch_items]
         return tokenize_pairs(
             tokenizer,
@@ -101,6 +108,23 @@ def fine_tune(args: Args, scratch: str) -> None:
             [texts[pid] for g in groups for pid in g],
             args.max_length,
         )
+
+    train_items, make_batch = items, from_texts
+    if args.pretokenize:  # the same batches, from ids made once (finetuning/pretokenized.py)
+        # a side of a pair is never longer than the pair's budget
+        budget = args.max_length - 3
+        tokens = GroupTokens(items, texts, tokenizer, budget, budget, Path(scratch) / "tokens")
+
+        def from_ids(rng, indexed):
+            groups = [sample_group(rng, it, G) for _, it in indexed]
+            return pair_batch(
+                [tokens.queries[i] for (i, _), g in zip(indexed, groups, strict=True) for _ in g],
+                [tokens.passages[pid] for g in groups for pid in g],
+                tokenizer,
+                args.max_length,
+            )
+
+        train_items, make_batch = from_ids_if_same("train_reranker", items, from_ids, from_texts)
 
     def units(chunk):
         return {"loss": len(chunk["input_ids"]) // G}  # queries: the loss is a mean over them
@@ -116,7 +140,7 @@ def fine_tune(args: Args, scratch: str) -> None:
 
     train_and_save(
         model,
-        items,
+        train_items,
         make_batch,
         step,
         CrossEncoder,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -21,6 +22,7 @@ from dprflow.cli import StageError, run_stage
 from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer, model_prompts
 from dprflow.finetuning.examples import GroupTrainingArgs, read_training_examples, sample_group
 from dprflow.finetuning.losses import contrastive_loss, distillation_loss
+from dprflow.finetuning.pretokenized import GroupTokens, from_ids_if_same, single_batch
 from dprflow.pretraining.corpus import scratch_dir
 from dprflow.training import distributed
 from dprflow.training.memory import (
@@ -28,6 +30,7 @@ from dprflow.training.memory import (
     StepMemory,
     check_training_memory,
     contrastive_cache_bytes,
+    holds_gradients,
     per_process,
     world_size,
 )
@@ -114,12 +117,17 @@ def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> St
     passages = per_process(args.batch_size * args.group_size, world, k)
     q_len, p_len = args.max_query_length, args.max_passage_length
     if not chunk or (chunk >= queries and chunk >= passages):
-        return StepMemory(((queries, q_len), (passages, p_len)), checkpointing=args.gradient_checkpointing)
+        return StepMemory(
+            ((queries, q_len), (passages, p_len)),
+            checkpointing=args.gradient_checkpointing,
+            accumulates=holds_gradients(k, queries),
+        )
     sides = [(min(queries, chunk), q_len), (min(passages, chunk), p_len)]
     return StepMemory(
         (max(sides, key=lambda side: side[0] * side[1]),),
         buffer_bytes=contrastive_cache_bytes(queries, passages * world, shape.hidden_size),
         checkpointing=args.gradient_checkpointing,
+        accumulates=True,  # the gradient cache: one chunk's backward before the next's forward
     )
 
 
@@ -168,30 +176,48 @@ def fine_tune(args: Args, scratch: str) -> None:
         [f"{section}.batch_size", f"{section}.group_size", "finetune.max_passage_length"],
         args.precision,
         chunk_key=f"{section}.chunk_size",
+        attention=args.attention,
     )
 
-    def make_batch(rng, batch_items):
+    def draw(rng, batch_items):
+        """Each query's group, and the teacher's scores of the groups when distilling."""
         groups = [sample_group(rng, it, G, args.extra_fraction) for it in batch_items]
-        q = tokenizer(
-            [it.text for it in batch_items],
-            max_length=args.max_query_length,
-            truncation=True,
-            padding=True,
-            return_tensors="pt",
-        )
-        p = tokenizer(
-            [texts[pid] for g in groups for pid in g],
-            max_length=args.max_passage_length,
-            truncation=True,
-            padding=True,
-            return_tensors="pt",
-        )
         teacher = None
         if args.teacher:
             teacher = torch.tensor(
                 [[it.teacher[pid] for pid in g] for it, g in zip(batch_items, groups, strict=True)]
             )
+        return groups, teacher
+
+    def from_texts(rng, batch_items):
+        groups, teacher = draw(rng, batch_items)
+        tokenize = dict(truncation=True, padding=True, return_tensors="pt")
+        q = tokenizer([it.text for it in batch_items], max_length=args.max_query_length, **tokenize)
+        p = tokenizer(
+            [texts[pid] for g in groups for pid in g], max_length=args.max_passage_length, **tokenize
+        )
         return q, p, teacher
+
+    train_items, make_batch = items, from_texts
+    if args.pretokenize:  # the same batches, from ids made once (finetuning/pretokenized.py)
+        tokens = GroupTokens(
+            items,
+            texts,
+            tokenizer,
+            args.max_query_length - 2,
+            args.max_passage_length - 2,
+            Path(scratch) / "tokens",
+        )
+
+        def from_ids(rng, indexed):
+            groups, teacher = draw(rng, [it for _, it in indexed])
+            q = single_batch([tokens.queries[i] for i, _ in indexed], tokenizer, args.max_query_length)
+            p = single_batch(
+                [tokens.passages[pid] for g in groups for pid in g], tokenizer, args.max_passage_length
+            )
+            return q, p, teacher
+
+        train_items, make_batch = from_ids_if_same("train_retriever", items, from_ids, from_texts)
 
     def loss_fn(q, p, teacher):
         rank, world = distributed.get_rank(), distributed.get_world_size()
@@ -226,7 +252,7 @@ def fine_tune(args: Args, scratch: str) -> None:
 
     train_and_save(
         model,
-        items,
+        train_items,
         make_batch,
         step,
         BiEncoder,

@@ -12,6 +12,9 @@ and split into micro-batches for gradient accumulation.
 - :func:`split_rows` cuts one batch into ``k`` micro-batches along the row dimension of every
   tensor it holds (a ``[B, ...]`` query tensor and a ``[B * G, ...]`` passage tensor alike), so a
   micro-batch holds ``B / k`` whole examples with their groups.
+- :func:`pad_to_multiple` pads a batch's ``[B, L]`` token tensors to a length that is a multiple
+  of ``m`` (``training.pad_to_multiple_of``), after the stage built (and masked) it at its
+  longest sequence: the same tokens, masks and MLM targets, more padding, a handful of shapes.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from dprflow.pretraining.masking import IGNORE_INDEX
 
 
 def batch_rng(seed: int, step: int) -> np.random.Generator:
@@ -49,10 +54,13 @@ class StepBatches(torch.utils.data.Dataset):
         batch_size: int,
         rank: int = 0,
         world_size: int = 1,
+        pad_multiple: int = 0,
+        pad_id: int = 0,
     ) -> None:
         # A Sequence (e.g. a token store's lazy ranges) is kept as it is: never copied to a list.
         self.items = items if isinstance(items, Sequence) else list(items)
         self.make_batch = make_batch
+        self.pad_multiple, self.pad_id = pad_multiple, pad_id
         self.takes_epoch = len(inspect.signature(make_batch).parameters) >= 3
         self.seed = seed
         self.batch_size = batch_size
@@ -74,8 +82,52 @@ class StepBatches(torch.utils.data.Dataset):
         rng = batch_rng(self.seed, step)
         items = self.local_items(step)
         if self.takes_epoch:
-            return self.make_batch(rng, items, self.epoch_and_index(step)[0])
-        return self.make_batch(rng, items)
+            batch = self.make_batch(rng, items, self.epoch_and_index(step)[0])
+        else:
+            batch = self.make_batch(rng, items)
+        return pad_to_multiple(batch, self.pad_multiple, self.pad_id)
+
+
+# What a padded position of a [B, L] token tensor holds, by the end of its name in a batch
+# (``q_input_ids``, ``enc_labels``, ...); input ids take the tokenizer's pad id.
+PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0, "labels": IGNORE_INDEX}
+
+
+def pad_to_multiple(batch: Any, multiple: int, pad_id: int = 0) -> Any:
+    """``batch`` with every ``[B, L]`` token tensor of its mappings (``*input_ids``,
+    ``*attention_mask``, ``*token_type_ids``, ``*labels``; nested in tuples, lists and
+    ``BatchEncoding`` s) padded at the end to the next multiple of ``multiple`` (0 or 1: as it is).
+
+    The padded positions are masked out (attention 0, no MLM target), so every loss is the
+    same up to float rounding (``tests/test_gpu_feed.py``); the masking drew its random numbers
+    before, at the batch's own length, so the masked tokens are the same too."""
+    if multiple <= 1:
+        return batch
+    if isinstance(batch, Mapping):
+        padded = {key: _pad_value(key, value, multiple, pad_id) for key, value in batch.items()}
+        return padded if type(batch) is dict else type(batch)(padded)
+    if isinstance(batch, (tuple, list)):
+        moved = [pad_to_multiple(v, multiple, pad_id) for v in batch]
+        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
+    return batch
+
+
+def _pad_value(key: str, value: Any, multiple: int, pad_id: int) -> Any:
+    if not isinstance(value, torch.Tensor) or value.dim() != 2:
+        return pad_to_multiple(value, multiple, pad_id)
+    fill = (
+        pad_id
+        if key.endswith("input_ids")
+        else next((v for k, v in PAD_VALUES.items() if key.endswith(k)), None)
+    )
+    if fill is None:
+        raise ValueError(
+            f"training.pad_to_multiple_of: the batch's {key!r} is not a token tensor it knows how to pad "
+            f"(*input_ids, {', '.join('*' + k for k in PAD_VALUES)}); set training.pad_to_multiple_of to 0"
+        )
+    length = value.size(1)
+    extra = -length % multiple
+    return torch.nn.functional.pad(value, (0, extra), value=fill) if extra else value
 
 
 def _as_is(batch: Any) -> Any:

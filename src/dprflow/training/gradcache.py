@@ -22,9 +22,9 @@ weights ``w_c`` summing to 1 so that ``sum_c w_c L_local,c`` is the full-batch l
 default ``w_c = N_c / N``, right for a per-row mean; a per-token mean weights by token counts).
 
 Dropout: the recomputation in step 3 must see the same dropout masks as step 1, else the cached
-``v_j`` belong to other representations. The torch random state (CPU, and CUDA when it is in
-use) is saved before each chunk's step-1 forward and restored around its step-3 forward, as the
-GradCache library's ``RandContext`` does. Step 3 runs inside ``torch.random.fork_rng``, so after
+``v_j`` belong to other representations. The torch random state (CPU, and the model's GPU when
+it runs on one: :func:`dprflow.training.devices.rng_devices`) is saved before each chunk's step-1
+forward and restored around its step-3 forward, as the GradCache library's ``RandContext`` does. Step 3 runs inside ``torch.random.fork_rng``, so after
 the call the random state is the one left by step 1 whatever the chunking.
 
 Limits: ``loss_fn`` sees the representations of this process only; a multi-process contrastive
@@ -39,6 +39,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
+
+from dprflow.training.devices import rng_devices
 
 
 class ChunkLoss(NamedTuple):
@@ -60,24 +62,21 @@ class GradCacheOutput(NamedTuple):
 
 
 class RandState:
-    """The torch random state (CPU and, when initialised, every CUDA device), to replay a forward."""
+    """The torch random state of the CPU and of the GPU ``device`` (when the model runs on one),
+    to replay a forward."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
         self.cpu = torch.get_rng_state()
-        self.cuda = (
-            torch.cuda.get_rng_state_all()
-            if torch.cuda.is_available() and torch.cuda.is_initialized()
-            else None
-        )
+        self.devices = rng_devices(device or torch.device("cpu"))
+        self.cuda = [torch.cuda.get_rng_state(d) for d in self.devices]
 
     @contextlib.contextmanager
     def replay(self) -> Iterator[None]:
         """Run the block from this state; the random state outside the block is left untouched."""
-        devices = list(range(len(self.cuda))) if self.cuda is not None else []
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=self.devices):
             torch.set_rng_state(self.cpu)
-            if self.cuda is not None:
-                torch.cuda.set_rng_state_all(self.cuda)
+            for index, state in zip(self.devices, self.cuda, strict=True):
+                torch.cuda.set_rng_state(state, index)
             yield
 
 
@@ -158,11 +157,12 @@ def gradcache_step(
     backward_fn = backward_fn or (lambda t: t.backward())
 
     # Step 1: representations without a graph, remembering the random state of each chunk.
+    device = next(model.parameters(), torch.empty(0)).device
     states: list[RandState] = []
     reps_list: list[torch.Tensor] = []
     with torch.no_grad():
         for chunk in batch_chunks:
-            states.append(RandState())
+            states.append(RandState(device))
             reps_list.append(rep_fn(model, chunk))
     sizes = [r.size(0) for r in reps_list]
     total = sum(sizes)
@@ -197,6 +197,8 @@ def gradcache_step(
                 )
             surrogate = (out.reps.to(grad.dtype) * grad).sum()  # sum_j <h_j, v_j> (eq. 11)
             if out.loss is not None:
+                # a weight counted on the device (a tensor) computes in the loss's precision
+                weight = weight.to(out.loss.dtype) if isinstance(weight, torch.Tensor) else weight
                 surrogate = surrogate + weight * out.loss  # this chunk's share of the local loss (eq. 12)
                 local_loss = local_loss + weight * out.loss.detach().to(local_loss.dtype)
             backward_fn(surrogate)

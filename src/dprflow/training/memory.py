@@ -6,19 +6,23 @@ steps holds at once as a :class:`StepMemory`; :func:`check_training_memory` comp
 with what the job was given (the Snakemake rule's ``resources.mem_mb``, passed as ``--mem-mb``),
 what the machine has (its RAM or cgroup limit; on a GPU, the device's memory) and stops with the
 estimate, the figure it was compared with, and the config keys that change it. On a GPU the
-estimate is only logged, with a warning when it is above the device's memory: fused attention
-kernels keep no ``s x s`` scores there, so the bound below can be far above the real peak.
+estimate is only logged, with a warning when it is above the device's memory.
 
-The estimate is an upper bound for a BERT-like encoder: parameters with their gradients and the
-two AdamW moments (16 bytes per fp32 parameter trained, 4 per parameter held without gradient,
-such as MoCo's key encoder) plus the activations a backward pass keeps, per Transformer layer and
-sequence of ``s`` tokens (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-Transformer Models", section 4.1, generalised to an intermediate size ``I``)::
+The estimate is an upper bound for a BERT-like encoder: the weights and AdamW's two moments (12
+bytes per fp32 parameter trained, 4 per parameter held without gradient, such as MoCo's key
+encoder), the gradients (4 bytes per parameter, made in the backward as the activations are
+freed: the larger of the two counts, unless earlier micro-batches' gradients are held through the
+forward), plus the activations a backward pass keeps, per Transformer layer and sequence of
+``s`` tokens (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models", section 4.1, generalised to an intermediate size ``I``)::
 
     18 s h + 4 s I + 5 a s^2   bytes with 16-bit activations (twice that in fp32)
 
 for hidden size ``h`` and ``a`` attention heads, every sequence taken at its maximum length (a
-batch is padded to its longest). With gradient checkpointing a layer keeps only its input
+batch is padded to its longest); the ``5 a s^2`` of scores, softmax and dropout mask only where
+the attention kernel keeps them (:func:`keeps_attention_scores`: not torch's fused SDPA kernels
+on a GPU). ``bench/bench_step_memory.py`` measures real steps against it: 1.05-1.22x the peak on
+a CPU. With gradient checkpointing a layer keeps only its input
 (``s h`` values) and one layer's activations are rebuilt at a time. On top come the extra costs
 of each method: the layers a sequence runs through besides the encoder (Condenser's head, an MAE's
 decoder), the MLM logits of the masked tokens (``[M, V]``, kept with their fp32 log-softmax for
@@ -43,6 +47,10 @@ from typing import Any
 
 import torch
 
+from dprflow import device as hardware
+from dprflow.device import DeviceInfo
+from dprflow.training.devices import layers_in, transformers_in
+
 log = logging.getLogger(__name__)
 
 # Python, torch, transformers, the tokenizer and the training data of a small run: a stage with
@@ -50,6 +58,9 @@ log = logging.getLogger(__name__)
 PROCESS_BYTES = 768 * 2**20
 MB = 2**20
 FP32 = 4
+# What a CUDA process holds on its GPU besides its tensors: the context, the cuBLAS and cuDNN
+# workspaces, and what the caching allocator keeps between blocks.
+CUDA_RESERVED = 2**30
 
 
 @dataclass(frozen=True)
@@ -131,6 +142,9 @@ class StepMemory:
     frozen_params: int = 0  # parameters held without gradient or optimizer state (MoCo key encoder)
     buffer_bytes: int = 0  # other tensors kept through the step (MoCo queue, cached representations)
     checkpointing: bool = False  # gradient checkpointing in the encoder
+    # the weights' gradients of an earlier micro-batch or chunk are held through this one's
+    # forward (gradient accumulation, a gradient cache, sub-batches: :func:`holds_gradients`)
+    accumulates: bool = False
 
     def describe(self) -> str:
         parts = [f"{n} sequences of {length} tokens" for n, length in self.sequences]
@@ -152,6 +166,13 @@ def per_process(rows: int, world: int = 1, accumulation: int = 1, chunk: int = 0
     return min(local, chunk) if chunk else local
 
 
+def holds_gradients(accumulation: int, rows: int, chunk: int = 0) -> bool:
+    """Whether a step's gradients are held through a forward: with ``accumulation`` micro-batches
+    or a ``chunk`` smaller than the ``rows`` one process runs (gradient cache, sub-batches), the
+    first micro-batch's or chunk's backward fills them before the next forward."""
+    return accumulation > 1 or 0 < chunk < rows
+
+
 def contrastive_cache_bytes(rows: int, columns: int, hidden_size: int) -> int:
     """A contrastive loss over ``rows x columns`` scores of ``hidden_size`` representations: the
     representations and their (cached) gradients, and the scores with their softmax and gradient,
@@ -160,14 +181,48 @@ def contrastive_cache_bytes(rows: int, columns: int, hidden_size: int) -> int:
 
 
 def activation_bytes(
-    shape: EncoderShape, length: int, bytes_per_value: int, layers: int | None = None
+    shape: EncoderShape, length: int, bytes_per_value: int, layers: int | None = None, scores: bool = True
 ) -> int:
     """Activations one sequence of ``length`` tokens keeps for the backward pass in ``layers``
-    layers shaped like the encoder's (all of the encoder's by default)."""
+    layers shaped like the encoder's (all of the encoder's by default). ``scores``: the attention
+    kernel keeps the ``a x s x s`` scores, softmax and dropout mask (``5 a s^2``); without, a fused
+    kernel keeps one fp32 log-sum-exp per head and token (:func:`keeps_attention_scores`)."""
     h, a, inner = shape.hidden_size, shape.num_attention_heads, shape.intermediate_size
-    per_layer_16bit = 18 * length * h + 4 * length * inner + 5 * a * length * length
+    attention = 5 * a * length * length if scores else 2 * a * length
+    per_layer_16bit = 18 * length * h + 4 * length * inner + attention
     n_layers = shape.num_hidden_layers if layers is None else layers
     return n_layers * per_layer_16bit * bytes_per_value // 2
+
+
+def keeps_attention_scores(attention: str, cuda: bool) -> bool:
+    """Whether attention keeps its ``s x s`` scores for the backward: the eager kernel does; on a
+    GPU torch's fused SDPA kernels (flash, memory-efficient: BERT's padding mask takes the
+    latter) and flash-attn keep a log-sum-exp per head and token instead; on a CPU SDPA with a
+    padding mask runs the math path, which keeps them (bench/bench_step_memory.py: the estimate
+    with them is 1.0-1.3x the measured peak at 128 and 512 tokens)."""
+    return attention == "eager" or not cuda
+
+
+def transformer_layers(model: torch.nn.Module) -> int:
+    """Transformer layers one sequence runs through with a graph in ``model``: the layers of its
+    largest Hugging Face encoder (one tower at a time: a bi-encoder's query or passage tower,
+    Contriever's query encoder; MoCo's key encoder runs without a graph) plus those outside any
+    (Condenser's head, an MAE's decoder)."""
+    towers = [len(layers_in(t)) for t in transformers_in(model)]
+    return max(towers, default=0) + len(layers_in(model)) - sum(towers)
+
+
+def row_activation_bytes(
+    model: torch.nn.Module, length: int, bytes_per_value: int, masked: int = 0, scores: bool = True
+) -> int:
+    """Bytes one sequence of ``length`` tokens with ``masked`` MLM targets adds to a step of
+    ``model``: its activations in every layer it runs through with a graph
+    (:func:`transformer_layers`), the gradients of one layer's activations in the backward, and
+    its masked tokens' logits with their fp32 log-softmax and gradient (as :func:`estimate_step_bytes`)."""
+    config = encoder_config(model)
+    layers = transformer_layers(model) + 1
+    logits = masked * getattr(config, "vocab_size", 0) * (bytes_per_value + 2 * FP32)
+    return activation_bytes(config, length, bytes_per_value, layers=layers, scores=scores) + logits
 
 
 def as_step(step: StepMemory | Sequence[tuple[int, int]]) -> StepMemory:
@@ -180,35 +235,70 @@ def estimate_step_bytes(
     model: torch.nn.Module | EncoderShape,
     step: StepMemory | Sequence[tuple[int, int]],
     bytes_per_value: int = 4,
+    scores: bool = True,
 ) -> int:
     """Peak bytes of one optimizer step of ``model`` (a model holding a Hugging Face encoder, or
     its :class:`EncoderShape`). ``step``: a :class:`StepMemory`, or a list of (sequences, tokens
-    each) fed through the encoder at once."""
+    each) fed through the encoder at once. ``scores``: the attention kernel keeps its ``s x s``
+    scores (:func:`keeps_attention_scores`)."""
     shape = model if isinstance(model, EncoderShape) else EncoderShape.of(model)
     step = as_step(step)
+
+    def one(length: int, layers: int | None = None) -> int:
+        return activation_bytes(shape, length, bytes_per_value, layers=layers, scores=scores)
+
     acts = 0
     # The backward of a layer holds the gradients of its activations beside everything saved:
     # one layer's worth for the largest group of rows (and one rebuilt layer with checkpointing).
     layer = max(
-        [n * activation_bytes(shape, length, bytes_per_value, layers=1) for n, length in step.sequences]
-        + [
-            n * activation_bytes(shape, length, bytes_per_value, layers=1)
-            for n, length, _ in step.extra_layers
-        ]
+        [n * one(length, 1) for n, length in step.sequences]
+        + [n * one(length, 1) for n, length, _ in step.extra_layers],
+        default=0,  # no sequence: the weights and the process alone
     )
     acts += layer * (2 if step.checkpointing else 1)
     for n, length in step.sequences:
         if step.checkpointing:  # each layer's input kept, one layer rebuilt at a time
             acts += n * shape.num_hidden_layers * length * shape.hidden_size * bytes_per_value
         else:
-            acts += n * activation_bytes(shape, length, bytes_per_value)
+            acts += n * one(length)
     for n, length, layers in step.extra_layers:
-        acts += n * activation_bytes(shape, length, bytes_per_value, layers=layers)
+        acts += n * one(length, layers)
     # The logits in the forward's precision, their log-softmax in fp32 (cross-entropy autocasts),
     # and in the backward the logits' fp32 gradient.
     acts += step.masked_tokens * shape.vocab_size * (bytes_per_value + 2 * FP32)
     trained = shape.params + step.extra_params
-    return PROCESS_BYTES + 16 * trained + FP32 * step.frozen_params + step.buffer_bytes + acts
+    # A trained weight and AdamW's two moments are held throughout (12 bytes). Its gradient (4
+    # bytes; the trainer sets them to None after each step) appears in the backward as the
+    # activations are freed, layer by layer: the peak is the larger of the two, plus the tied MLM
+    # decoder's (the embeddings') gradient, the first one made; both add up only where an earlier
+    # micro-batch's or chunk's gradients are held through the forward (``step.accumulates``).
+    grads = FP32 * trained
+    if step.accumulates:
+        dynamic = acts + grads
+    else:
+        first = FP32 * shape.vocab_size * shape.hidden_size if step.masked_tokens else 0
+        dynamic = max(acts + first, grads)
+    return PROCESS_BYTES + 12 * trained + FP32 * step.frozen_params + step.buffer_bytes + dynamic
+
+
+def model_state_bytes(model: torch.nn.Module) -> int:
+    """Bytes ``model``'s weights hold through an AdamW step: 16 per trained fp32 parameter (the
+    weight, its gradient, the two moments), 4 per parameter held without gradient (MoCo's key
+    encoder), and its buffers (MoCo's queue)."""
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    return 16 * trained + FP32 * frozen + buffers
+
+
+def gradient_cache_budget(info: DeviceInfo, model: torch.nn.Module, fraction: float = 0.9) -> int | None:
+    """Bytes one gradient-cache chunk's activations may take on a device of properties ``info``
+    (``training.chunk_from_memory``): ``fraction`` of a GPU's memory less the model's state
+    (:func:`model_state_bytes`) and what CUDA holds itself (:data:`CUDA_RESERVED`), at least 0;
+    ``None`` on a CPU, where the configured ``chunk_size`` stays."""
+    if not info.is_cuda or info.total_memory <= 0:
+        return None
+    return max(0, int(fraction * info.total_memory) - model_state_bytes(model) - CUDA_RESERVED)
 
 
 def machine_bytes() -> int | None:
@@ -260,6 +350,15 @@ def memory_message(
     )
 
 
+def memory_limits(info: DeviceInfo, mem_mb: int, machine: int | None) -> list[tuple[int, str]]:
+    """What a step's estimate is compared with, as (bytes, what): a GPU's memory on a GPU; on a
+    CPU the job's memory (``mem_mb``, 0: not given) and the machine's (``machine``, None: unknown)."""
+    if info.is_cuda:
+        return [(info.total_memory, "the GPU's memory")]
+    limits = [(mem_mb * MB, "the job's memory (resources.mem_mb, --mem-mb)")] if mem_mb else []
+    return limits + ([(machine, "this machine's memory")] if machine else [])
+
+
 def check_training_memory(
     model: torch.nn.Module | EncoderShape,
     step: StepMemory | Sequence[tuple[int, int]],
@@ -267,26 +366,24 @@ def check_training_memory(
     keys: Sequence[str],
     precision: str = "auto",
     chunk_key: str | None = None,
+    info: DeviceInfo | None = None,
+    attention: str = "sdpa",
 ) -> int:
     """Stop (``ValueError``) when the estimated peak of a step is above what the job was given
-    (``mem_mb``, 0: not given) or what the machine or GPU has; return the estimate in bytes.
+    (``mem_mb``, 0: not given) or what the machine has; return the estimate in bytes. On a GPU
+    (``info``, default: this process's device) the estimate is compared with the GPU's memory and
+    only logged, with a warning when above (module docstring). ``attention``: the kernel
+    (``training.attention``; whether it keeps the attention scores, :func:`keeps_attention_scores`).
 
     A plain list of (sequences, tokens) is the whole batch and is shared among the processes
     here; a :class:`StepMemory` already holds one process's rows (:func:`per_process`)."""
     if not isinstance(step, StepMemory):
         step = StepMemory(tuple((per_process(n, world_size()), length) for n, length in step))
-    cuda = torch.cuda.is_available()
-    estimate = estimate_step_bytes(model, step, bytes_per_value(precision, cuda))
-    limits = []
-    if cuda:
-        device = torch.cuda.current_device()
-        limits.append((torch.cuda.get_device_properties(device).total_memory, "the GPU's memory"))
-    else:
-        if mem_mb:
-            limits.append((mem_mb * MB, "the job's memory (resources.mem_mb, --mem-mb)"))
-        machine = machine_bytes()
-        if machine:
-            limits.append((machine, "this machine's memory"))
+    info = info or hardware.device_info()
+    cuda = info.is_cuda
+    scores = keeps_attention_scores(attention, cuda)
+    estimate = estimate_step_bytes(model, step, bytes_per_value(precision, cuda), scores)
+    limits = memory_limits(info, mem_mb, None if cuda else machine_bytes())
     log.info(
         "estimated peak memory of a training step: %d MB (%s)",
         estimate // MB,

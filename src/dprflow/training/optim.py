@@ -39,11 +39,14 @@ class TrainArgs:
     attention: str = "sdpa"  # the Transformers' attention kernel
     log_every: int = 10  # read the logged values back every N steps (one host sync each time)
     chunk_from_memory: bool = True  # gradient cache chunk: the largest that fits (GPU only)
+    pad_to_multiple_of: str | int = "auto"  # batch length: a multiple of this (auto: 8 on GPU, 0 on CPU)
+    pretokenize: bool = True  # retriever and reranker batches from ids tokenized once (same batches)
 
 
 # Stage arguments that describe where things go or how fast, not what is trained: they do not
 # enter the checkpoint identity, so moving the output or changing threads, loader workers, the
-# checkpoint interval, the job's memory or how often the loss is read still resumes.
+# checkpoint interval, the job's memory, how often the loss is read or whether the texts are
+# tokenized per batch or once (the same batches) still resumes.
 NON_IDENTITY_ARGS = (
     "out",
     "checkpoint_dir",
@@ -53,6 +56,7 @@ NON_IDENTITY_ARGS = (
     "checkpoint_every",
     "num_workers",
     "log_every",
+    "pretokenize",
 )
 
 

@@ -27,7 +27,12 @@ from dprflow.pretraining.condenser.model import (
 from dprflow.pretraining.masking import IGNORE_INDEX
 from dprflow.training import distributed
 from dprflow.training.gradcache import ChunkLoss, gradcache_step, split_batch
-from dprflow.training.memory import activation_bytes, encoder_config
+from dprflow.training.memory import (
+    encoder_config,
+    keeps_attention_scores,
+    masked_per_row,
+    row_activation_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,18 +52,22 @@ def chunk_budget(budget: int | None) -> Iterator[None]:
         _CHUNK_BUDGET.reset(token)
 
 
-def fitting_chunk(model: nn.Module, chunk_size: int, length: int, rows: int) -> int:
+def fitting_chunk(model: nn.Module, chunk_size: int, length: int, rows: int, masked: int = 0) -> int:
     """The chunk a gradient cache encodes: ``chunk_size``, or with a budget (:func:`chunk_budget`)
-    the largest number of sequences of ``length`` tokens whose activations fit in it (upper bound
-    of :mod:`dprflow.training.memory`), at least ``chunk_size`` and at most ``rows``. The cache's
-    gradient is the same for any chunk size (to float rounding); a larger chunk runs fewer, fuller
-    kernels, so the cache costs its second forward and little more."""
+    the largest number of sequences of ``length`` tokens (``masked`` MLM targets each) whose
+    activations fit in it (:func:`dprflow.training.memory.row_activation_bytes`: every
+    Transformer layer the chunk's forward runs, the backward's gradients of one layer, the
+    masked tokens' logits; 16-bit under autocast), at least ``chunk_size`` and at most ``rows``.
+    The cache's gradient is the same for any chunk size (to float rounding); a larger chunk runs
+    fewer, fuller kernels, so the cache costs its second forward and little more."""
     budget = _CHUNK_BUDGET.get()
     if not chunk_size or budget is None:
         return chunk_size
     device_type = next(model.parameters()).device.type
     half = torch.is_autocast_enabled(device_type)
-    per_row = activation_bytes(encoder_config(model), length, 2 if half else 4)
+    kernel = getattr(encoder_config(model), "_attn_implementation", None) or "sdpa"
+    scores = keeps_attention_scores(kernel, device_type == "cuda")
+    per_row = row_activation_bytes(model, length, 2 if half else 4, masked, scores)
     chosen = min(rows, max(chunk_size, budget // max(per_row, 1)))
     if (chunk_size, chosen) not in _told_chunks:
         _told_chunks.add((chunk_size, chosen))
@@ -70,18 +79,27 @@ def fitting_chunk(model: nn.Module, chunk_size: int, length: int, rows: int) -> 
     return chosen
 
 
-def masked_count(labels: torch.Tensor) -> int:
-    """Masked tokens (MLM targets) in ``labels``."""
-    return int((labels != IGNORE_INDEX).sum())
+def masked_count(labels: torch.Tensor) -> torch.Tensor:
+    """Masked tokens (MLM targets) in ``labels``: a 0-dim tensor on their device (reading it as a
+    number would make the host wait for the GPU; the weights below stay tensors)."""
+    return (labels != IGNORE_INDEX).sum()
 
 
-def global_masked_count(local: int, device: torch.device) -> int:
-    """The masked tokens of all processes' batches (``local`` with one process)."""
+def global_masked_count(local: torch.Tensor) -> torch.Tensor:
+    """The masked tokens of all processes' batches (``local`` with one process), a tensor."""
     if not distributed.is_distributed():
         return local
-    total = torch.tensor([local], dtype=torch.long, device=device)
+    total = local.detach().clone().reshape(1)
     torch.distributed.all_reduce(total)
-    return int(total.item())
+    return total.reshape(())
+
+
+def share(count: torch.Tensor | int, total: torch.Tensor | int) -> torch.Tensor | float:
+    """``count / max(total, 1)``, for counts given as numbers or as tensors (no host sync; in
+    float64, as Python divides numbers)."""
+    if isinstance(total, torch.Tensor):
+        return torch.as_tensor(count, dtype=torch.float64) / total.clamp(min=1).double()
+    return count / max(total, 1)
 
 
 def cocondenser_step(
@@ -100,10 +118,11 @@ def cocondenser_step(
     gradient equals one process's on the global batch (``tests/test_distributed.py``)."""
     if chunk_size and chunk_size < len(batch["input_ids"]):
         return cocondenser_gradcache_step(model, batch, chunk_size, backward_fn=backward_fn)
-    local = masked_count(batch["labels"])
-    total = max(global_masked_count(local, batch["labels"].device), 1)
     world = distributed.get_world_size()
-    weight = 1.0 if world == 1 else world * local / total
+    weight = 1.0
+    if world > 1:
+        local = masked_count(batch["labels"])
+        weight = world * share(local, global_masked_count(local))
     out = cocondenser_loss(
         model, batch, distributed.gather_with_grad, distributed.get_rank(), mlm_weight=weight
     )
@@ -138,9 +157,10 @@ def cocondenser_gradcache_step(
     """
     core = unwrap(model)
     rows, length = batch["input_ids"].shape
-    chunks = split_batch(batch, fitting_chunk(model, chunk_size, length, rows))
-    counts = [masked_count(c["labels"]) for c in chunks]  # masked tokens per chunk
-    total = max(global_masked_count(sum(counts), batch["labels"].device), 1)
+    masked = masked_per_row(core.config.mlm_probability, length)
+    chunks = split_batch(batch, fitting_chunk(model, chunk_size, length, rows, masked))
+    counts = [masked_count(c["labels"]) for c in chunks]  # masked tokens per chunk (tensors)
+    total = global_masked_count(sum(counts))
     world, rank = distributed.get_world_size(), distributed.get_rank()
 
     def rep_fn(m: nn.Module, chunk: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -158,7 +178,7 @@ def cocondenser_gradcache_step(
             reps, core.config.temperature, distributed.gather_with_grad, rank
         ),
         chunk_loss_fn,
-        chunk_weights=[c / total if world == 1 else world * c / total for c in counts],
+        chunk_weights=[share(c, total) if world == 1 else world * share(c, total) for c in counts],
         backward_fn=backward_fn,
     )
     return CoCondenserOutput(
@@ -261,7 +281,8 @@ def share_chunks_step(
     query's own group); a contrastive loss needs the gradient cache instead.
 
     Args:
-        units: ``units(chunk)``, each term's units in a chunk (``{"enc_mlm": masked tokens}``).
+        units: ``units(chunk)``, each term's units in a chunk (``{"enc_mlm": masked tokens}``),
+            numbers or 0-dim tensors (:func:`masked_count`: counted on the device, no host sync).
         chunk_loss: ``chunk_loss(model, chunk, shares) -> {"loss": ..., term: ...}``: the chunk's
             loss with each term's mean multiplied by ``shares[term]`` (its share of the batch's
             units); the other values returned are summed over the chunks (the batch's terms).
@@ -276,7 +297,7 @@ def share_chunks_step(
     sums: dict[str, torch.Tensor] = {}
     no_sync = getattr(model, "no_sync", None)  # DDP: all-reduce once, in the last chunk's backward
     for index, (chunk, count) in enumerate(zip(chunks, counts, strict=True)):
-        shares = {term: count[term] / max(totals[term], 1) for term in totals}
+        shares = {term: share(count[term], totals[term]) for term in totals}
         last = index == len(chunks) - 1
         with contextlib.nullcontext() if (no_sync is None or last) else no_sync():
             out = chunk_loss(model, chunk, shares)

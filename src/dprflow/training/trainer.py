@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dprflow import device as hardware
 from dprflow import provenance
 from dprflow.progress import format_seconds
 from dprflow.training import distributed, memory, steps
@@ -39,10 +40,17 @@ from dprflow.training.checkpoints import Checkpoints, state_bytes
 from dprflow.training.devices import (
     autocast_context,
     compile_transformers,
+    cuda_rng_state,
+    ddp_device_ids,
+    pad_multiple,
+    pin_memory,
+    restore_cuda_rng,
     set_attention,
     set_seed,
     set_tf32,
+    tf32_applies,
     to_device,
+    use_fused_adamw,
 )
 from dprflow.training.optim import (
     NON_IDENTITY_ARGS,
@@ -99,8 +107,11 @@ class Trainer:
         checkpoint_dir: str | Path,
         identity: dict[str, Any],
         manual_backward: bool = False,
+        pad_id: int = 0,
     ) -> None:
         self.dist = distributed.init_from_env()
+        # What the GPU-only decisions read (dprflow.device); tensors go to self.dist.device.
+        self.device_info = hardware.device_info(self.dist.device)
         self.manual_backward = manual_backward
         self.args = args
         # A Sequence (e.g. a token store's lazy ranges) is kept as it is: never copied to a list.
@@ -127,21 +138,49 @@ class Trainer:
             )
         # make_batch(rng, items, epoch) when it asks for the epoch (a sampler that must draw a
         # different candidate for an item in each epoch), else make_batch(rng, items).
+        # Each batch padded to a multiple of pad_multiple (input ids with pad_id): a few shapes.
+        self.pad_multiple = pad_multiple(args.pad_to_multiple_of, self.device_info)
         self.batches = StepBatches(
-            self.items, make_batch, args.seed, args.batch_size, self.dist.rank, self.dist.world_size
+            self.items,
+            make_batch,
+            args.seed,
+            args.batch_size,
+            self.dist.rank,
+            self.dist.world_size,
+            self.pad_multiple,
+            pad_id,
         )
         # the learning-rate schedule spans schedule_steps; training stops after self.steps
         self.schedule_steps = total_steps(len(self.items), args)
         self.steps = steps_run(len(self.items), args)
         self.model = self._prepare(model)
-        cuda = self.dist.device.type == "cuda"
-        self.optimizer = adamw(self.model, args, fused=args.fused_adamw and cuda)
+        info = self.device_info
+        self.optimizer = adamw(self.model, args, fused=use_fused_adamw(info, args.fused_adamw))
         self.scheduler = linear_schedule(self.optimizer, self.schedule_steps, args.warmup_ratio)
-        self.autocast, self.scaler = autocast_context(self.dist.device, args.precision)
+        self.precision, self.autocast, self.scaler = autocast_context(self.dist.device, args.precision, info)
         self.ddp_model = self.model
         if self.dist.world_size > 1:
-            device_ids = [self.dist.device.index] if cuda else None
-            self.ddp_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids)
+            self.ddp_model = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=ddp_device_ids(self.dist.device)
+            )
+        self._log_device()
+
+    def _log_device(self) -> None:
+        """One line with the device's properties and what the run decided from them."""
+        info = self.device_info
+        budget = "none" if self.chunk_budget is None else f"{self.chunk_budget // memory.MB} MB"
+        log.info(
+            "device %s, %s: %s, fused AdamW %s, TF32 %s, pinned batches %s, gradient-cache budget %s, "
+            "batches padded to a multiple of %d",
+            self.dist.device,
+            info.describe(),
+            self.precision,
+            self.optimizer.defaults.get("fused") or False,
+            tf32_applies(info) and self.args.tf32,
+            pin_memory(info),
+            budget,
+            self.pad_multiple,
+        )
 
     def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         """The model on its device with the configured kernels (:mod:`.devices`)."""
@@ -155,16 +194,15 @@ class Trainer:
             enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             log.info("gradient checkpointing on")
         set_attention(model, args.attention)
-        set_tf32(device, args.tf32)
+        set_tf32(self.device_info, args.tf32)
         model = model.to(device)
         if args.compile:
             compile_transformers(model)
-        self.chunk_budget = None
-        if args.chunk_from_memory and device.type == "cuda":
-            # What one gradient-cache chunk's activations may take: the device's memory (90%) less
-            # the weights, gradients, AdamW moments and the process (training/memory.py).
-            total = torch.cuda.get_device_properties(device).total_memory
-            self.chunk_budget = int(0.9 * total) - memory.estimate_step_bytes(model, [])
+        # What one gradient-cache chunk's activations may take on a GPU: 90% of its memory less
+        # the weights, gradients and AdamW moments (training/memory.py); None on a CPU.
+        self.chunk_budget = (
+            memory.gradient_cache_budget(self.device_info, model) if args.chunk_from_memory else None
+        )
         return model
 
     # -- the loop ---------------------------------------------------------------------------
@@ -178,13 +216,13 @@ class Trainer:
         step_log = StepLog(history, events, self.args.log_every)
         # Every rank draws the whole global batch's randomness in the same order, then keeps
         # its share, so the sampling does not depend on the number of processes (StepBatches).
-        cuda = self.dist.device.type == "cuda"
-        loader = step_loader(self.batches, start, self.steps, self.args.num_workers, pin_memory=cuda)
+        pinned = pin_memory(self.device_info)
+        loader = step_loader(self.batches, start, self.steps, self.args.num_workers, pin_memory=pinned)
         self.t0, self.tokens, step_start = time.time(), 0, time.perf_counter()
         try:
             for step, batch in zip(range(start, self.steps), loader, strict=True):
-                step_tokens = count_tokens(batch)
-                batch = to_device(batch, self.dist.device) if cuda else batch
+                step_tokens = count_tokens(batch)  # on the host, before the copy: no device sync
+                batch = to_device(batch, self.dist.device)
                 with steps.chunk_budget(self.chunk_budget):
                     out = self._accumulate(batch)
                 out["grad_norm"] = self._optimizer_step()
@@ -294,7 +332,7 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                "cuda_rng": cuda_rng_state(self.dist.device),
             }
             self.checkpoints.save(step, self.model, self.save_fn, state)
         distributed.barrier()
@@ -310,8 +348,7 @@ class Trainer:
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["torch_rng"].cpu())
-        if state["cuda_rng"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
+        restore_cuda_rng(state["cuda_rng"], self.dist.device)
         log.info("resumed from %s at step %d of %d", ckpt, state["step"], self.steps)
         return int(state["step"])
 
@@ -398,8 +435,9 @@ def train_and_save(
     identity["input_sha256"] = provenance.input_hashes(stage_args)
     checkpoint_dir = Path(stage_args.checkpoint_dir)
     args = train_args_from(stage_args)
+    pad_id = getattr(tokenizer, "pad_token_id", None) or 0
     trainer = Trainer(
-        model, items, make_batch, step_fn, save, args, checkpoint_dir, identity, manual_backward
+        model, items, make_batch, step_fn, save, args, checkpoint_dir, identity, manual_backward, pad_id
     )
     out = Path(stage_args.out)
     if trainer.reuse_finished(out):
