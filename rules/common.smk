@@ -294,7 +294,7 @@ def training_flags():
     batches are built, how often state is saved or the loss read, not what is trained, so changing
     one must not rerun the job)."""
     keys = ["gradient_accumulation_steps", "gradient_checkpointing", "max_grad_norm", "fused_adamw", "tf32"]
-    keys += ["compile", "attention", "chunk_from_memory"]
+    keys += ["compile", "attention", "chunk_from_memory", "pad_to_multiple_of", "pretokenize"]
     return f"{precision_flag()} {train_flags(config['training'], keys)}"
 
 
