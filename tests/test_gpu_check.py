@@ -33,7 +33,14 @@ BLOCKED = (
 
 
 def test_make_gpu_check_needs_only_a_stock_pytorch_image(tmp_path):
-    make = subprocess.run(["make", "-n", "gpu-check"], cwd=ROOT, capture_output=True, text=True, check=True)
+    # --no-print-directory: under `make test` (a make inside make) the child prints its folder.
+    make = subprocess.run(
+        ["make", "--no-print-directory", "-n", "gpu-check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert make.stdout.strip() == "PYTHONPATH=src python3 scripts/gpu_check.py"  # no .venv, no make setup
     (tmp_path / "sitecustomize.py").write_text(
         f"import sys\n\nfor name in {BLOCKED!r}:\n    sys.modules[name] = None\n"
