@@ -116,6 +116,7 @@ rule compare:
         metrics=config["evaluation"]["metrics"],
         methods=row_order(),
         baseline=config["evaluation"]["baseline"],
+        also_against=config["evaluation"]["also_against"],
         results=compare_results_dir,
         paper_references=paper_references(),
         splits=scored_splits(),
@@ -129,6 +130,7 @@ rule compare:
         " --encoder-files {input.encoders:q} --out-md {output.md:q} --out-csv {output.csv:q}"
         " --metrics {params.metrics:q}"
         " --methods {params.methods:q} --baseline {params.baseline:q}"
+        " --also-against {params.also_against:q}"
         " --significance {params.significance:q} --permutations {params.permutations:q}"
         " --permutation-seed {params.permutation_seed:q}"
         " --splits {params.splits:q} --trained-on {params.trained_on:q}"

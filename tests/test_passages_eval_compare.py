@@ -385,6 +385,41 @@ def test_compare_stage_gathers_seed_folders(tmp_path):
     assert "| none/r2 | 0.8750 ± 0.1768 |" in (results / "compare.md").read_text()
 
 
+def test_compare_stage_tests_every_row_against_also_against_too(tmp_path):
+    """evaluation.also_against (--also-against none/r1): every row gets p and delta columns
+    against none/r1 beside bm25 and none/zeroshot, marked c in the table (issue 35's study tests
+    each method's fine-tuning against the same fine-tuning without pre-training)."""
+    from dprflow.data.schemas import write_table
+    from dprflow.stages import compare
+
+    rng = np.random.default_rng(0)
+    qids = [f"q{i}" for i in range(30)]
+    base = rng.uniform(0, 0.5, size=30)
+    values = {
+        "bm25": base,
+        "none/zeroshot": base + 0.05,
+        "none/seed-13/r1": base + 0.1 + rng.normal(0, 0.01, 30),
+        "cocondenser/seed-13/r1": base + 0.3 + rng.normal(0, 0.01, 30),
+    }
+    results = tmp_path / "results"
+    for system, v in values.items():
+        (results / "c" / system).mkdir(parents=True)
+        table = pd.DataFrame({"query_id": qids, "metric": "RR@10", "value": v})
+        write_table(table, results / "c" / system / "metrics.parquet", "metrics")
+    files = [str(results / "c" / s / "metrics.parquet") for s in values]
+    argv = ["--metrics-files", *files, "--results-dir", str(results), "--metrics", "RR@10"]
+    argv += ["--out-md", str(results / "compare.md"), "--out-csv", str(results / "compare.csv")]
+    argv += ["--methods", "none", "cocondenser", "--also-against", "none/r1"]
+    assert compare.main(argv) == 0
+    row = pd.read_csv(results / "compare.csv").set_index("system").loc["cocondenser/r1"]
+    raw = stats.ttest_rel(values["cocondenser/seed-13/r1"], values["none/seed-13/r1"]).pvalue
+    # Holm over the three rows tested against none/r1 (bm25, none/zeroshot, cocondenser/r1)
+    assert row["p_none_r1"] <= 3 * raw * (1 + 1e-5) and row["p_none_r1"] < 0.05  # CSV: 6 digits and row["delta_none_r1"] > 0.15
+    line = (results / "compare.md").read_text().split("| cocondenser/r1 |")[1].splitlines()[0]
+    assert "b↑" in line and "z↑" in line and "c↑" in line
+    assert "c↑/c↓ better/worse than none/r1" in (results / "compare.md").read_text()
+
+
 def trec_fixture(tmp_path):
     """A passage run (two passages per document, a tie, a query of another split, a judged query
     without a relevant document) and the evaluate and trec_qrels stages' outputs on it."""

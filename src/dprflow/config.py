@@ -466,12 +466,16 @@ def _check_values(config: dict, check_paths: bool = True) -> list[str]:
 
 
 def check_baseline(config: dict, rows: list[str]) -> None:
-    """``evaluation.baseline`` must name a row of the comparison the run produces."""
-    if config["evaluation"]["baseline"] not in rows:
-        raise ConfigError(
-            f"invalid configuration:\n  evaluation.baseline = {config['evaluation']['baseline']!r} is not a "
-            f"row of this run's comparison; its rows: {', '.join(rows)}"
-        )
+    """``evaluation.baseline`` and ``evaluation.also_against`` name rows of the comparison the run
+    produces."""
+    named = [("evaluation.baseline", config["evaluation"]["baseline"])]
+    named += [(f"evaluation.also_against[{i}]", r) for i, r in enumerate(config["evaluation"]["also_against"])]
+    for key, row in named:
+        if row not in rows:
+            raise ConfigError(
+                f"invalid configuration:\n  {key} = {row!r} is not a row of this run's comparison; its rows: "
+                f"{', '.join(rows)}"
+            )
 
 
 def validate_config(config: dict, schema_path: str | Path, check_paths: bool = True) -> dict:

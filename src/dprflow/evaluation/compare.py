@@ -242,6 +242,15 @@ def build_comparison(
     return out
 
 
+def reference_letters(references: list[str]) -> dict[str, str]:
+    """The marker letter of each reference: b for the baseline, z for the off-the-shelf row, then
+    c, d, ... for the others (evaluation.also_against), in order."""
+    letters, others = {}, iter("cdefghijklmnopqrstuvwxy")
+    for i, ref in enumerate(references):
+        letters[ref] = "b" if i == 0 else "z" if ref == "none/zeroshot" else next(others)
+    return letters
+
+
 def _marker(row: pd.Series, references: list[str], letters: dict[str, str]) -> str:
     marks = []
     for ref in references:
@@ -319,10 +328,7 @@ def to_markdown(
     scored split is their training split; the notes say both. With ``pooling`` and
     ``similarity`` columns (the comparison stage adds them from each dense run's
     ``encoder.json``) an ``encoder`` column says how each row embedded and scored."""
-    letters = {
-        ref: ("b" if ref == references[0] else "z" if ref.endswith("zeroshot") else f"r{i}")
-        for i, ref in enumerate(references)
-    }
+    letters = reference_letters(references)
     metric_order = [m for m in metrics if m in set(table["metric"])]
     systems = sorted(set(table["system"]), key=lambda s: system_sort_key(s, methods))
     geometry = {"pooling", "similarity"} <= set(table.columns)

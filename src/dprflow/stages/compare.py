@@ -47,6 +47,10 @@ class Args:
         },
     )
     baseline: str = field(default="bm25", metadata={"help": "reference system of the significance tests"})
+    also_against: list[str] = field(
+        default_factory=list,
+        metadata={"help": "more reference systems, after the baseline and none/zeroshot (e.g. none/r1)"},
+    )
     significance: str = field(
         default="t-test",
         metadata={"help": "paired test over queries", "choices": list(SIGNIFICANCE_TESTS)},
@@ -138,7 +142,7 @@ def compare(args: Args) -> None:
     per_query = {
         row_of(Path(p), results, args.untrained_rows): read_table(p, "metrics") for p in args.metrics_files
     }
-    references = [args.baseline] + [s for s in ("none/zeroshot",) if s != args.baseline]
+    references = list(dict.fromkeys([args.baseline, "none/zeroshot", *args.also_against]))
     if args.permutations < 1:
         raise StageError(f"--permutations must be >= 1, got {args.permutations}")
     table = build_comparison(
