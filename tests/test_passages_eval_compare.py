@@ -414,7 +414,9 @@ def test_compare_stage_tests_every_row_against_also_against_too(tmp_path):
     row = pd.read_csv(results / "compare.csv").set_index("system").loc["cocondenser/r1"]
     raw = stats.ttest_rel(values["cocondenser/seed-13/r1"], values["none/seed-13/r1"]).pvalue
     # Holm over the three rows tested against none/r1 (bm25, none/zeroshot, cocondenser/r1)
-    assert row["p_none_r1"] <= 3 * raw * (1 + 1e-5) and row["p_none_r1"] < 0.05  # CSV: 6 digits and row["delta_none_r1"] > 0.15
+    assert (
+        row["p_none_r1"] <= 3 * raw * (1 + 1e-5) and row["p_none_r1"] < 0.05
+    )  # CSV: 6 digits and row["delta_none_r1"] > 0.15
     line = (results / "compare.md").read_text().split("| cocondenser/r1 |")[1].splitlines()[0]
     assert "b↑" in line and "z↑" in line and "c↑" in line
     assert "c↑/c↓ better/worse than none/r1" in (results / "compare.md").read_text()

@@ -469,7 +469,9 @@ def check_baseline(config: dict, rows: list[str]) -> None:
     """``evaluation.baseline`` and ``evaluation.also_against`` name rows of the comparison the run
     produces."""
     named = [("evaluation.baseline", config["evaluation"]["baseline"])]
-    named += [(f"evaluation.also_against[{i}]", r) for i, r in enumerate(config["evaluation"]["also_against"])]
+    named += [
+        (f"evaluation.also_against[{i}]", r) for i, r in enumerate(config["evaluation"]["also_against"])
+    ]
     for key, row in named:
         if row not in rows:
             raise ConfigError(
