@@ -26,6 +26,7 @@ def train_doc2query_flags(wildcards):
     keys = [
         "max_passage_length",
         "max_query_length",
+        "drop_eval_overlap",
         "validation_fraction",
         "batch_size",
         "learning_rate",

@@ -147,7 +147,7 @@ def test_killed_training_resumes_to_the_same_weights(train_data, tiny_bert):
     assert ra["validation_loss"] == rb["validation_loss"]
 
 
-def test_a_test_query_among_the_training_queries_fails_the_stage(train_data, tiny_bert, capsys):
+def test_a_test_query_among_the_training_queries_fails_the_stage(train_data, tiny_bert, capsys, caplog):
     queries = read_table(train_data / "queries.parquet", "queries")
     queries.loc[queries["query_id"] == "q13", "text"] = "  Which WING is   item 3 "  # = q3, normalised
     write_table(queries, train_data / "queries.parquet", "queries")
@@ -157,6 +157,12 @@ def test_a_test_query_among_the_training_queries_fails_the_stage(train_data, tin
     assert not (train_data / "leak").exists()
     # Checking only the dev split (absent here) lets it through.
     assert train_doc2query.main(train_argv(train_data, tiny_bert, "ok", eval_splits="dev", max_steps=1)) == 0
+    # drop_eval_overlap trains without q3, the training query whose text q13 repeats (SciFact
+    # has 2 such pairs of queries); the stage passes the check and logs what it left out.
+    caplog.clear()
+    argv = train_argv(train_data, tiny_bert, "dropped", drop_eval_overlap="true", max_steps=1)
+    assert train_doc2query.main(argv) == 0
+    assert "drop_eval_overlap: 1 training queries" in caplog.text and ": q3" in caplog.text
 
 
 def test_leakage_check_normalises_case_and_spaces():

@@ -28,7 +28,9 @@ from dprflow.pretraining.query_as_context.doc2query import (
     CONFIG_NAME,
     QueryGenerator,
     check_no_eval_leakage,
+    eval_overlap,
     generator_inputs,
+    normalise_query,
     split_by_query,
     training_pairs,
 )
@@ -55,6 +57,13 @@ class Args(OptimArgs):
     eval_splits: list[str] = field(
         default_factory=lambda: ["dev", "test"],
         metadata={"help": "splits whose query texts must not be training queries (leakage check)"},
+    )
+    drop_eval_overlap: bool = field(
+        default=False,
+        metadata={
+            "help": "train without the training queries whose text is an evaluation query's (logged), "
+            "instead of failing the leakage check"
+        },
     )
     max_passage_length: int = field(default=256, metadata={"help": "passage tokens (longer: cut)"})
     max_query_length: int = field(default=32, metadata={"help": "query tokens with EOS (longer: cut)"})
@@ -102,9 +111,22 @@ def train(args: Args) -> None:
     if absent:
         log.info("eval splits with no query in %s (nothing to check): %s", args.queries, absent)
     evaluation = queries[queries["split"].isin(present)]
+    evaluation_texts = dict(zip(evaluation["query_id"], evaluation["text"], strict=True))
+    if args.drop_eval_overlap:
+        hits = eval_overlap({p.query_id: p.query for p in pairs}, evaluation_texts)
+        shared = {normalise_query(text) for _, text, _ in hits}
+        dropped = sorted({p.query_id for p in pairs if normalise_query(p.query) in shared})
+        pairs = [p for p in pairs if normalise_query(p.query) not in shared]
+        log.info(
+            "drop_eval_overlap: %d training queries whose text is an evaluation query's left out of the "
+            "generator's training (%d pairs left): %s",
+            len(dropped),
+            len(pairs),
+            ", ".join(dropped[:20]),
+        )
     check_no_eval_leakage(
         {p.query_id: p.query for p in pairs},
-        dict(zip(evaluation["query_id"], evaluation["text"], strict=True)),
+        evaluation_texts,
     )
     log.info("leakage check: none of %d %s query texts is a training query", len(evaluation), present)
 
