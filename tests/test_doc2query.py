@@ -134,6 +134,12 @@ def test_training_lowers_the_loss_and_stores_the_validation_loss(train_data, tin
     assert all(torch.equal(stored[k], state[k]) for k in stored)
     start = weights(tiny_bert)["encoder.layer.0.attention.self.query.weight"]
     assert not torch.equal(stored["encoder.encoder.layer.0.attention.self.query.weight"], start)
+    # A rerun puts the finished model back and scores it, not the initial weights.
+    caplog.clear()
+    assert train_doc2query.main(argv) == 0
+    assert "reused the model" in caplog.text
+    again = json.loads((out / "training_args.json").read_text())
+    assert again["validation_loss"] == pytest.approx(record["validation_loss"], rel=1e-5)
 
 
 def test_killed_training_resumes_to_the_same_weights(train_data, tiny_bert):

@@ -177,6 +177,9 @@ def train(args: Args) -> None:
     )
     if int(os.environ.get("RANK", "0")) != 0:
         return
+    # Score the weights in the staging folder: trained now, or put back from the finished store
+    # (then ``generator`` still holds the initial weights).
+    generator.model.load_state_dict(QueryGenerator.from_pretrained(staging).model.state_dict())
     after = validation_loss()
     if after is None:
         log.info("validation loss: no held-out pairs (--validation-fraction 0)")
