@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from stage_process import run_stage
 
 from dprflow.data.schemas import write_table
 from dprflow.stages import train_retriever
+from dprflow.training.store import code_record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -185,6 +187,18 @@ def test_a_change_of_the_training_code_retrains_instead_of_reusing(train_data, t
     assert again.returncode == 0, again.stderr[-2000:]
     assert "not reusing the finished model" in again.stderr and "finetuning/losses.py" in again.stderr
     assert "reused the model" not in again.stderr and "step 6/6" in again.stderr
+
+
+def test_the_code_record_holds_the_stage_run_as_main(monkeypatch):
+    """Snakemake runs each stage as ``python -m dprflow.stages.X``: its module is ``__main__``,
+    and a change to its own file (how it builds pairs, say) must retrain. The record had only the
+    modules named ``dprflow.*``: the SciFact study's train_doc2query put back a model after its
+    file changed (code.json listed stages/__init__.py, not stages/train_doc2query.py)."""
+    main = types.ModuleType("__main__")
+    main.__file__ = str(ROOT / "src" / "dprflow" / "stages" / "train_doc2query.py")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.delitem(sys.modules, "dprflow.stages.train_doc2query", raising=False)
+    assert "stages/train_doc2query.py" in code_record()["files"]
 
 
 def test_a_file_replaced_in_the_store_is_not_handed_back(train_data, tiny_init, caplog):

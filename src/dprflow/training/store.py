@@ -59,12 +59,14 @@ FICLONE = 0x40049409  # Linux ioctl: share the source's extents (btrfs, XFS, bca
 def code_record() -> dict[str, Any]:
     """The code that trains: the SHA-256 of every ``dprflow`` source file this process has
     imported (relative to the package), and the versions of the packages that compute the steps.
-    Taken when a model or checkpoint is written, so modules imported during training count."""
+    Taken when a model or checkpoint is written, so modules imported during training count.
+    Files are found by path, not by module name: a stage run as ``python -m dprflow.stages.X``
+    is the module ``__main__``, and its own file is the training code too."""
     root = Path(sys.modules["dprflow"].__file__).resolve().parent
     files = {}
-    for name, module in list(sys.modules.items()):
+    for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
-        if (name == "dprflow" or name.startswith("dprflow.")) and path:
+        if path:
             path = Path(path).resolve()
             if path.is_relative_to(root) and path.is_file():
                 files[str(path.relative_to(root))] = provenance.sha256_of(path)
