@@ -1,15 +1,18 @@
 """Runs that change the finished tiny workflow (tests/tiny_workflow.py), each on a copy of it:
-one value changed reruns exactly what is downstream (provenance records), and more encoding
-shards retrain nothing."""
+one value changed reruns exactly what is downstream (provenance records), more encoding shards
+retrain nothing, and inputs rewritten with the same bytes rerun nothing."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 import yaml
-from tiny_workflow import snakemake
+from snakemake.cli import parse_size_in_bytes
+from tiny_workflow import ROOT, planned_jobs, snakemake
 
 pytestmark = pytest.mark.workflow
 
@@ -70,3 +73,27 @@ def test_more_encoding_shards_retrain_nothing(finished_run, tmp_path):
     text = log.read_text()
     assert "reused the model this stage finished" in text and "step 1/" not in text  # ... not trained
     assert {p: p.read_bytes() for p in kept} == before
+
+
+def test_inputs_with_new_times_and_the_same_bytes_rerun_nothing(finished_run, tmp_path):
+    """A collection copied or unpacked again has new modification times and the same bytes. With
+    the profiles' --max-checksum-file-size, Snakemake compares each such input's SHA-256 with the
+    one it recorded and reruns nothing; with checksums off (0) it reruns everything downstream."""
+    workdir, config = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy, symlinks=True)
+    later = time.time() + 60
+    for p in (copy / "results" / "tiny" / "collection").iterdir():
+        os.utime(p, (later, later))
+    threshold = {}
+    for profile in ("local", "slurm", "slurm-ci"):
+        settings = yaml.safe_load((ROOT / "profiles" / profile / "config.yaml").read_text())
+        threshold[profile] = parse_size_in_bytes(settings["max-checksum-file-size"])
+    # SciFact's corpus is 7.8 MB, MS MARCO's passages 3.1 GB: the default (1 MB) covers neither.
+    assert all(size >= 4 * 10**9 for size in threshold.values()), threshold
+    same = snakemake(copy, config, "-n", "--max-checksum-file-size", str(threshold["local"]))
+    assert same.returncode == 0, same.stderr[-3000:]
+    assert planned_jobs(same) == {}, same.stdout[-3000:]
+    off = snakemake(copy, config, "-n", "--max-checksum-file-size", "0")
+    assert off.returncode == 0, off.stderr[-3000:]
+    assert {"split_passages", "train_retriever", "encode_corpus"} <= set(planned_jobs(off)), off.stdout[-3000:]
