@@ -14,7 +14,7 @@ from transformers import BatchEncoding, BertConfig, BertModel
 from dprflow.finetuning.biencoder import BiEncoder
 from dprflow.finetuning.losses import contrastive_loss, distillation_loss, group_scores, listwise_ce
 from dprflow.precision import resolve_precision
-from dprflow.training.batches import StepBatches, split_rows
+from dprflow.training.batches import StepBatches, count_tokens, split_rows
 from dprflow.training.steps import biencoder_step
 from dprflow.training.trainer import TrainArgs, Trainer
 
@@ -198,6 +198,17 @@ def test_split_rows_keeps_groups_and_types():
     assert split_rows(q, 1) == [q]
     with pytest.raises(ValueError, match="cannot split a tensor of shape"):
         split_rows(torch.zeros(5, 2), 2)
+
+
+def test_count_tokens_reads_every_methods_attention_masks():
+    """The SciFact study logged 0 tokens/s for Contriever and the MAEs: their batches name their
+    masks ``q_``/``k_`` and ``enc_``/``dec_attention_mask``, and only ``attention_mask`` counted."""
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])  # 3 real tokens
+    plain = BatchEncoding({"input_ids": torch.zeros(2, 3, dtype=torch.long), "attention_mask": mask})
+    assert count_tokens((plain, [plain], None)) == 6
+    assert count_tokens({"q_input_ids": mask, "q_attention_mask": mask, "k_attention_mask": mask}) == 6
+    assert count_tokens({"enc_attention_mask": mask, "dec_attention_mask": mask, "enc_labels": mask}) == 6
+    assert count_tokens({"input_ids": mask, "labels": mask}) == 0
 
 
 def test_step_batches_are_a_function_of_seed_and_step():

@@ -28,7 +28,6 @@ from dprflow.pretraining.query_as_context.doc2query import (
     CONFIG_NAME,
     QueryGenerator,
     check_no_eval_leakage,
-    eval_overlap,
     generator_inputs,
     normalise_query,
     split_by_query,
@@ -113,10 +112,10 @@ def train(args: Args) -> None:
     evaluation = queries[queries["split"].isin(present)]
     evaluation_texts = dict(zip(evaluation["query_id"], evaluation["text"], strict=True))
     if args.drop_eval_overlap:
-        hits = eval_overlap({p.query_id: p.query for p in pairs}, evaluation_texts)
-        shared = {normalise_query(text) for _, text, _ in hits}
-        dropped = sorted({p.query_id for p in pairs if normalise_query(p.query) in shared})
-        pairs = [p for p in pairs if normalise_query(p.query) not in shared]
+        evaluation_normalised = {normalise_query(text) for text in evaluation_texts.values()}
+        kept = [p for p in pairs if normalise_query(p.query) not in evaluation_normalised]
+        dropped = sorted({p.query_id for p in pairs} - {p.query_id for p in kept})
+        pairs = kept
         log.info(
             "drop_eval_overlap: %d training queries whose text is an evaluation query's left out of the "
             "generator's training (%d pairs left): %s",
@@ -177,9 +176,6 @@ def train(args: Args) -> None:
     )
     if int(os.environ.get("RANK", "0")) != 0:
         return
-    # Score the weights in the staging folder: trained now, or put back from the finished store
-    # (then ``generator`` still holds the initial weights).
-    generator.model.load_state_dict(QueryGenerator.from_pretrained(staging).model.state_dict())
     after = validation_loss()
     if after is None:
         log.info("validation loss: no held-out pairs (--validation-fraction 0)")

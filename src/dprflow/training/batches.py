@@ -206,12 +206,14 @@ def _take(value: Any, k: int, i: int) -> Any:
 
 
 def count_tokens(batch: Any) -> int:
-    """The real (unpadded) tokens of a batch: the sum of every ``attention_mask`` it holds
-    (nested in dicts, tuples, lists); for throughput in tokens/s."""
+    """The real (unpadded) tokens of a batch: the sum of every attention mask it holds, a key
+    ``attention_mask`` or ``<sequence>_attention_mask`` (Contriever's ``q_``/``k_``, the MAEs'
+    ``enc_``/``dec_``, a seq2seq ``decoder_``), nested in dicts, tuples, lists; for throughput in
+    tokens/s."""
     if isinstance(batch, Mapping):
         total = 0
         for key, value in batch.items():
-            if key == "attention_mask" and isinstance(value, torch.Tensor):
+            if str(key).endswith("attention_mask") and isinstance(value, torch.Tensor):
                 total += int(value.sum())
             elif not isinstance(value, torch.Tensor):
                 total += count_tokens(value)

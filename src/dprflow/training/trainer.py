@@ -381,10 +381,12 @@ class Trainer:
         self.remove_checkpoints()
         distributed.cleanup()
 
-    def reuse_finished(self, out: Path) -> bool:
+    def reuse_finished(self, out: Path, load: Callable[[torch.nn.Module, Path], None]) -> bool:
         """Put back the model this stage finished with the same identity, code and stored bytes
-        (:class:`~dprflow.training.store.FinishedStore`) as ``out``, instead of training again;
-        ``False`` when there is none or it may not be reused (the log says why)."""
+        (:class:`~dprflow.training.store.FinishedStore`) as ``out``, instead of training again,
+        and load its weights into ``self.model`` (``load(model, folder)``), so the caller holds
+        the final weights as after a training; ``False`` when there is none or it may not be
+        reused (the log says why)."""
         if not self.store.exists():
             return False
         reason = self.store.why_not(self.checkpoints.identity_difference)
@@ -393,6 +395,7 @@ class Trainer:
             return False
         if self.dist.is_main:
             self.store.put_back(out, self.model_bytes())
+        load(self.model, self.store.folder / "model")
         log.info(
             "reused the model this stage finished with the same arguments, input contents and code (%s): "
             "no training; delete %s to train again",
@@ -420,7 +423,8 @@ def train_and_save(
     ``stage_args.out`` atomically (model, tokenizer, ``training_args.json``, ``train_log.csv``)
     and remove the checkpoints, keeping a copy of the final model (:mod:`dprflow.training.store`):
     a rerun with the same arguments, input contents and code puts it back without training.
-    ``model_class.from_pretrained`` reloads a checkpoint's model."""
+    Either way ``model`` ends with the final weights. ``model_class.from_pretrained`` reloads a
+    checkpoint's model."""
     record = {k: v for k, v in asdict(stage_args).items() if k != "threads"}
     record.update(extra_record)
 
@@ -440,7 +444,7 @@ def train_and_save(
         model, items, make_batch, step_fn, save, args, checkpoint_dir, identity, manual_backward, pad_id
     )
     out = Path(stage_args.out)
-    if trainer.reuse_finished(out):
+    if trainer.reuse_finished(out, load):
         trainer.finish()
         return
     log_path = checkpoint_dir / "train_log.csv"

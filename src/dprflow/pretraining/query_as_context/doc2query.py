@@ -105,22 +105,6 @@ def _as_mapping(texts: Iterable[str] | Mapping[str, str]) -> dict[str, str]:
     return {f"#{i}": str(t) for i, t in enumerate(texts)}
 
 
-def eval_overlap(
-    train_pairs_queries: Iterable[str] | Mapping[str, str],
-    eval_query_texts: Iterable[str] | Mapping[str, str],
-) -> list[tuple[str, str, str]]:
-    """``(eval query id, its text, a training query id)`` for every evaluation query whose text is
-    a training query's (after :func:`normalise_query`)."""
-    train = {}
-    for qid, text in _as_mapping(train_pairs_queries).items():
-        train.setdefault(normalise_query(text), qid)
-    return [
-        (qid, text, train[normalise_query(text)])
-        for qid, text in _as_mapping(eval_query_texts).items()
-        if normalise_query(text) in train
-    ]
-
-
 def check_no_eval_leakage(
     train_pairs_queries: Iterable[str] | Mapping[str, str],
     eval_query_texts: Iterable[str] | Mapping[str, str],
@@ -132,7 +116,14 @@ def check_no_eval_leakage(
     as a target could write it back for that query's relevant passage, leaking the evaluation
     into pre-training.
     """
-    hits = eval_overlap(train_pairs_queries, eval_query_texts)
+    train = {}
+    for qid, text in _as_mapping(train_pairs_queries).items():
+        train.setdefault(normalise_query(text), qid)
+    hits = [
+        (qid, text, train[normalise_query(text)])
+        for qid, text in _as_mapping(eval_query_texts).items()
+        if normalise_query(text) in train
+    ]
     if hits:
         shown = "; ".join(f"eval query {q} {t!r} (training query {tq})" for q, t, tq in hits[:5])
         more = f" and {len(hits) - 5} more" if len(hits) > 5 else ""
