@@ -116,3 +116,18 @@ def test_methods_config_plans_every_method_with_the_documented_budgets(name, tmp
         assert int(flag(line, "max-steps")) == int(row.get("steps", 0)), folder
         if row["temperature"] != "-":
             assert float(flag(line, "temperature")) == float(row["temperature"]), folder
+
+
+def test_geometry_control_is_the_studys_none_r1_in_cls_dot(tmp_path):
+    """scifact-geometry-control.yaml (docs/methods-study.md) trains the study's none/r1 with the
+    same command, but CLS pooling and the dot product, the geometry of the pre-trained rows."""
+
+    def none_r1(name: str) -> str:
+        _, lines = planned_commands(name, tmp_path / name)
+        (line,) = [x for x in lines if "--out results/scifact/none/seed-13/r1/model" in x]
+        return line
+
+    study, control = none_r1("methods-scifact"), none_r1("scifact-geometry-control")
+    assert flag(control, "pooling") == "cls" and flag(control, "similarity") == "dot"
+    drop = r" --(pooling|similarity) \S+"
+    assert re.sub(drop, "", control) == re.sub(drop, "", study)
