@@ -96,6 +96,5 @@ def test_inputs_with_new_times_and_the_same_bytes_rerun_nothing(finished_run, tm
     assert planned_jobs(same) == {}, same.stdout[-3000:]
     off = snakemake(copy, config, "-n", "--max-checksum-file-size", "0")
     assert off.returncode == 0, off.stderr[-3000:]
-    assert {"split_passages", "train_retriever", "encode_corpus"} <= set(planned_jobs(off)), off.stdout[
-        -3000:
-    ]
+    rerun = set(planned_jobs(off))
+    assert {"split_passages", "train_retriever", "encode_corpus"} <= rerun, off.stdout[-3000:]

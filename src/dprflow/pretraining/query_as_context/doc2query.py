@@ -120,9 +120,9 @@ def check_no_eval_leakage(
     for qid, text in _as_mapping(train_pairs_queries).items():
         train.setdefault(normalise_query(text), qid)
     hits = [
-        (qid, text, train[normalise_query(text)])
+        (qid, text, train[key])
         for qid, text in _as_mapping(eval_query_texts).items()
-        if normalise_query(text) in train
+        if (key := normalise_query(text)) in train
     ]
     if hits:
         shown = "; ".join(f"eval query {q} {t!r} (training query {tq})" for q, t, tq in hits[:5])
