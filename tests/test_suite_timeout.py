@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-HANGS = '''
+HANGS = """
 import os
 
 
@@ -25,7 +25,7 @@ def test_waits_on_a_pipe_nobody_writes():
 
 def test_after():
     pass
-'''
+"""
 
 
 def test_a_hanging_test_fails_with_its_stack_and_the_rest_runs(tmp_path):
