@@ -153,6 +153,39 @@ def test_a_failing_job_fails_the_run_and_names_its_rule(runs):
     assert not (runs["dir"] / BROKEN_TARGET).exists()
 
 
+def _start(cpus: set[int] | None = None, **env: str) -> tuple[str, list[str]]:
+    """Run the start script on the CPUs ``cpus`` (default: this process's) with ``env`` added; its
+    output and the node's CPUs and state."""
+    result = subprocess.run(
+        ["bash", str(START)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, **env},
+        preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    node = subprocess.run(["sinfo", "-h", "-N", "-o", "%c %t"], capture_output=True, text=True, timeout=30)
+    return result.stdout, node.stdout.split()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the script changes the cluster only as root")
+def test_the_node_gets_every_cpu_and_a_changed_node_restarts_the_daemons(runs):
+    """nproc also obeys OMP_NUM_THREADS, which `make test` sets to 1 in each pytest process: the
+    node still gets every CPU the script may use. A changed CPU count is a change of node that
+    `scontrol reconfigure` refuses: the script restarts the daemons, and the node comes back idle
+    with the new count. Runs after the Slurm run (``runs``): a restart forgets the cluster's jobs."""
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) < 2:
+        pytest.skip("one CPU: no other CPU count to change the node to")
+    out, node = _start({min(cpus)})
+    assert "restarting slurmctld and slurmd" in out and node == ["1", "idle"], (out, node)
+    out, node = _start(OMP_NUM_THREADS="1")  # every CPU again, whatever OMP_NUM_THREADS says
+    assert "restarting slurmctld and slurmd" in out and node == [str(len(cpus)), "idle"], (out, node)
+    out, node = _start()  # as the first pytest process runs it, without OMP_NUM_THREADS: no change
+    assert "restarting" not in out and node == [str(len(cpus)), "idle"], (out, node)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the script stops at once without root")
 def test_the_start_script_leaves_a_real_clusters_config_alone(tmp_path):
     """A slurm.conf the script did not write is a real cluster's: it stops before installing or

@@ -81,7 +81,10 @@ if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
 fi
 
 # ---- 3. slurm.conf for this one node ---------------------------------------------------------
-cpus=$(nproc)
+# nproc without the OpenMP variables it also obeys: under `make test` each pytest process sets
+# OMP_NUM_THREADS=1, and the node would flip between 1 CPU and all of them from one caller to the
+# next (a change of node that `scontrol reconfigure` refuses).
+cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 mem_total=$(free -m | awk '/^Mem:/ {print $2}')
 real_mem=$((mem_total - MARGIN_MB))
 [ "$real_mem" -ge 512 ] || real_mem=$((mem_total * 3 / 4))
@@ -149,8 +152,13 @@ fi
 t_daemons=$(now_ms)
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 if alive /run/slurmctld.pid; then
-    # Already up: pick up a changed config without a restart.
-    [ $conf_changed -eq 1 ] && scontrol reconfigure
+    # Already up: pick up a changed config without a restart. A changed node (CPUs, memory)
+    # needs the daemons restarted: stop them and run this script again, which starts them anew.
+    if [ $conf_changed -eq 1 ] && ! scontrol reconfigure; then
+        echo "start_local_slurm: the node changed; restarting slurmctld and slurmd"
+        bash "$(dirname "$0")/stop_local_slurm.sh"
+        exec bash "$0"
+    fi
 else
     # -c: start from a clean state (no jobs or node states from an earlier run).
     slurmctld -c
