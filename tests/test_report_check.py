@@ -138,6 +138,29 @@ BROWSER = any(
 )
 
 
+def test_a_run_without_retriever_2_or_training_gets_a_report_whose_figures_say_why(tmp_path):
+    """finetune.stages [r1] (the study's geometry controls) gives no nb-recall tables, and a run of
+    zero-shot rows no training logs. The report stage stopped with pandas' 'No objects to
+    concatenate' and 'no training logs to plot'; each figure now says what is missing."""
+    from dprflow.stages import report_results
+
+    results = tmp_path / "results"
+    results.mkdir()
+    TABLE.to_csv(results / "compare.csv", index=False)
+    (results / "compare.md").write_text("# dprflow comparison\n")
+    out = {
+        name: str(results / "report" / name)
+        for name in ("loss.png", "nb.png", "metric.png", "c.html", "c.yaml")
+    }
+    (results / "report").mkdir()
+    argv = ["--compare-csv", str(results / "compare.csv"), "--compare-md", str(results / "compare.md")]
+    argv += ["--results-dir", str(results), "--config-json", "{}", "--metric", "RR@10", "--nb-recall"]
+    argv += ["--models", "--out-loss", out["loss.png"], "--out-nb-recall", out["nb.png"]]
+    argv += ["--out-metric", out["metric.png"], "--out-html", out["c.html"], "--out-config", out["c.yaml"]]
+    assert report_results.main(argv) == 0
+    assert all(not_blank(out[name]) for name in ("nb.png", "loss.png", "metric.png"))
+
+
 @pytest.mark.skipif(not BROWSER, reason="no headless browser (make render-check installs Debian's chromium)")
 def test_render_check_fails_on_a_blank_figure_and_a_missing_row(tmp_path):
     """scripts/check_report_render.py in headless Chromium: a blank figure and a table without one

@@ -36,11 +36,20 @@ def _save(fig, path) -> None:
     plt.close(fig)
 
 
+def _message(text: str, path) -> None:
+    """A figure holding only ``text``: what a report shows where a run has nothing to plot."""
+    fig, ax = _pyplot().subplots(figsize=(6.5, 2.0))
+    ax.axis("off")
+    ax.text(0.5, 0.5, text, ha="center", va="center")
+    _save(fig, path)
+
+
 def training_loss(logs: pd.DataFrame, path) -> None:
     """``logs``: columns ``collection, method, stage, step, loss`` (stage: pretrain-generic,
-    pretrain-corpus, r1, r2, rerank, distill) and optionally ``seed`` (a line per seed)."""
+    pretrain-corpus, r1, r2, rerank, distill) and optionally ``seed`` (a line per seed). Empty (a
+    run that trains nothing: zero-shot rows only): a figure that says so."""
     if logs.empty:
-        raise ValueError("no training logs to plot")
+        return _message("No training loss: this run trains no model (zero-shot rows only).", path)
     stages = list(dict.fromkeys(logs["stage"]))
     cols = min(3, len(stages))
     rows = int(np.ceil(len(stages) / cols))
@@ -63,10 +72,17 @@ def training_loss(logs: pd.DataFrame, path) -> None:
     _save(fig, path)
 
 
+NO_NB_RECALL = (
+    "No nb-recall: it compares retriever 1's ranking with retriever 2's,\n"
+    "and no method of this run trains both (finetune.stages, finetune.stages_of)."
+)
+
+
 def nb_recall(table: pd.DataFrame, path) -> None:
-    """``table``: columns ``collection, method, n, k, value`` (with several seeds, their mean)."""
+    """``table``: columns ``collection, method, n, k, value`` (with several seeds, their mean).
+    Empty (no method of the run trains both retrievers): a figure that says so."""
     if table.empty:
-        raise ValueError("no nb-recall values to plot")
+        return _message(NO_NB_RECALL, path)
     ns = sorted(table["n"].unique())
     fig, axes = _pyplot().subplots(1, len(ns), figsize=(4.5 * len(ns), 3.4), squeeze=False)
     for ax, n in zip(axes.flat, ns, strict=True):

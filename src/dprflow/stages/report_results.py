@@ -49,8 +49,10 @@ def build(args: Args) -> None:
             Path(path).resolve().relative_to(results.resolve()).parts
         )  # <collection>/<method>/seed-<seed>/nb_recall.parquet
         frames.append(read_table(path, "nb_recall").assign(collection=parts[0], method=parts[1]))
-    # one line per method: the mean over its seeds
-    nb = pd.concat(frames, ignore_index=True).groupby(["collection", "method", "n", "k"], sort=False)
+    # one line per method: the mean over its seeds (none where no method has retriever 2)
+    columns = ["collection", "method", "n", "k", "value"]
+    nb = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+    nb = nb.groupby(columns[:-1], sort=False)
     with atomic_path(args.out_nb_recall) as tmp:
         plots.nb_recall(nb["value"].mean().reset_index(), tmp)
     logs = report.training_logs(args.models, results)
