@@ -11,11 +11,6 @@ from dprflow.data.collections.beir import CollectionError, load_beir
 from dprflow.data.schemas import read_table, write_table
 
 ROOT = Path(__file__).resolve().parents[1]
-# shared/ sits beside the checkout (or inside it); the real collections are optional.
-SHARED = (
-    next((p for p in (ROOT.parent / "shared", ROOT / "shared") if p.is_dir()), ROOT.parent / "shared")
-    / "collections"
-)
 
 HEADER = "query-id\tcorpus-id\tscore\n"
 
@@ -210,30 +205,27 @@ def test_collection_error_is_a_value_error():
     assert issubclass(CollectionError, ValueError)
 
 
-def _shared(name: str) -> Path:
-    folder = SHARED / name
-    if not (folder / "corpus.jsonl").is_file():
-        pytest.skip(f"{folder} not present (the real collections are optional)")
-    return folder
+def test_the_collections_check_compares_what_the_loader_reads(tmp_path, capsys):
+    """scripts/check_collections.py (the real collections' figures, run by hand): OK for each
+    figure the loader reads as expected, FAIL and exit 1 for one it does not, a missing collection
+    passed over."""
+    import runpy
 
+    script = runpy.run_path(str(ROOT / "scripts" / "check_collections.py"))
+    folder = make(tmp_path)
+    tiny = {
+        "documents": 4,
+        "documents_empty": 1,
+        "queries_test": 1,
+        "qrels": 5,
+        "relevance levels": [-1, 0, 1, 2],
+    }
+    assert [ok for _, ok, _ in script["check"](folder, tiny)] == [True] * 5
+    assert script["check"](folder, {**tiny, "qrels": 6})[3] == ("qrels", False, "5 (expected 6)")
 
-def test_cranfield_loads():
-    c = load_beir(_shared("cranfield"))
-    assert len(c.documents) == 1400
-    empty = c.documents[(c.documents["title"] == "") & (c.documents["text"] == "")]
-    assert empty["doc_id"].tolist() == ["471", "995"]
-    assert c.queries["split"].value_counts().to_dict() == {"train": 151, "test": 74}
-    assert c.counts["documents_empty"] == 2
-    assert c.counts["queries_unjudged"] == 0
-    assert c.counts["qrels"] == 1612
-    assert sorted(c.qrels["relevance"].unique().tolist()) == [1, 2, 3, 4]
-
-
-def test_cisi_loads():
-    c = load_beir(_shared("cisi"))
-    assert len(c.documents) == 1460
-    assert c.counts["documents_empty"] == 0
-    assert c.queries["split"].value_counts().to_dict() == {"train": 51, "unjudged": 36, "test": 25}
-    assert c.counts["queries_unjudged"] == 36
-    assert c.counts["qrels"] == 3114
-    assert c.qrels["relevance"].unique().tolist() == [1]
+    root = tmp_path / "collections"
+    root.mkdir()
+    folder.rename(root / "cisi")  # checked against CISI's figures: not these
+    assert script["main"]([str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "cranfield: not in" in out and "cisi documents: FAIL 4 (expected 1460)" in out
