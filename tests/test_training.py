@@ -349,6 +349,28 @@ def test_disk_full_while_writing_the_output_keeps_the_trained_model(
     assert same_weights(train_data / "clean", train_data / "out")
 
 
+def test_a_cpu_with_native_bf16_encodes_in_bf16_when_asked(train_data, tiny_init, monkeypatch):
+    """encode_corpus with --precision bf16 on a CPU whose flags say it computes bf16 natively
+    (dprflow.device.cpu_flags given as a value): the passages run under bf16 autocast, the shard
+    records it (search_dense then encodes the queries alike), and the embeddings stay near fp32's."""
+    from dprflow import device as hardware
+    from dprflow.search.dense import embeddings_precision, read_embeddings
+    from dprflow.stages import encode_corpus
+
+    monkeypatch.setattr(hardware, "cpu_flags", lambda cpuinfo=None: frozenset({"avx512_bf16"}))
+    common = ["--model", str(tiny_init), "--passages", str(train_data / "passages.parquet")]
+    shards = {}
+    for precision in ("fp32", "bf16"):
+        out = train_data / f"{precision}.parquet"
+        assert encode_corpus.main([*common, "--out", str(out), "--precision", precision]) == 0
+        assert embeddings_precision([str(out)]) == precision
+        shards[precision] = read_embeddings(out)[1]
+    fp32, bf16 = shards["fp32"], shards["bf16"]
+    assert not np.array_equal(fp32, bf16)  # it ran in bf16
+    cosine = (fp32 * bf16).sum(1) / np.linalg.norm(fp32, axis=1) / np.linalg.norm(bf16, axis=1)
+    assert cosine.min() > 0.99, cosine
+
+
 def test_the_encoding_is_the_same_for_any_number_of_shards(train_data, tiny_init):
     """Every passage is encoded in the same global batch whatever the shard count, so the shards
     together hold identical floats in identical order (the same matrix calls run: no rounding

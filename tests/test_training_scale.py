@@ -229,10 +229,33 @@ def test_step_batches_are_a_function_of_seed_and_step():
 # ---- precision --------------------------------------------------------------------------------
 
 
-def test_precision_on_cpu_is_fp32_and_unknown_values_are_errors():
-    assert [resolve_precision(p, "cpu") for p in ("auto", "bf16", "fp16", "fp32")] == ["fp32"] * 4
+def test_precision_on_a_cpu_is_fp32_unless_bf16_is_asked_of_a_cpu_that_has_it(caplog):
+    """The CPU's properties given as values: ``auto`` stays fp32 on every CPU (the CPU numbers do
+    not move), bf16 is an opt-in that only a CPU with native bf16 takes."""
+    from dprflow.device import DeviceInfo
+
+    settings = ("auto", "bf16", "fp16", "fp32")
+    assert [resolve_precision(p, DeviceInfo(bf16=False)) for p in settings] == ["fp32"] * 4
+    assert "no native bfloat16 (AVX512-BF16 or AMX)" in caplog.text
+    assert [resolve_precision(p, DeviceInfo(bf16=True)) for p in settings] == ["fp32", "bf16", "fp32", "fp32"]
     with pytest.raises(ValueError, match="unknown precision 'half'; allowed: auto, bf16, fp16, fp32"):
         resolve_precision("half", "cpu")
+
+
+def test_a_cpus_native_bf16_is_read_from_its_flags():
+    from dprflow.device import CPU_BF16_FLAGS, cpu_flags
+
+    def native(cpuinfo: str) -> bool:
+        return bool(cpu_flags(cpuinfo) & CPU_BF16_FLAGS)
+
+    zen4 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
+    sapphire_rapids = "flags\t\t: avx512f amx_bf16 amx_tile\n"
+    skylake = "flags\t\t: fpu sse2 avx2 avx512f avx512bw\n"
+    graviton3 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+    graviton2 = "Features\t: fp asimd asimddp\n"
+    assert [native(c) for c in (zen4, sapphire_rapids, skylake, graviton3, graviton2, "")] == [
+        True, True, False, True, False, False,
+    ]  # fmt: skip
 
 
 def test_precision_on_a_gpu_uses_bf16_only_where_supported():

@@ -4,7 +4,8 @@ A decision that differs between a CPU and a GPU (mixed precision and bf16 suppor
 TF32, pinned memory, DDP's device ids, the gradient cache's memory budget, the limit the memory
 check compares with, the device the inference stages take) is a small function of a
 :class:`DeviceInfo`: the device's type, name, memory, bf16 support and compute capability.
-:func:`device_info` reads them from torch for a real device; a test gives them as values
+:func:`device_info` reads them from torch for a real device (a CPU's bf16 from its flags,
+:func:`cpu_flags`); a test gives them as values
 (``DeviceInfo(type="cuda", total_memory=80 * 2**30, bf16=True, capability=(9, 0))``) and runs the
 branch a GPU takes on a CPU, so the code that only runs on a GPU is tested on every CI run
 (``tests/test_gpu_path.py``).
@@ -29,7 +30,8 @@ class DeviceInfo:
     index: int | None = None  # the GPU's index (None on a CPU)
     name: str = "cpu"  # e.g. "NVIDIA H100 80GB HBM3"
     total_memory: int = 0  # bytes of device memory (0 on a CPU: the host's is checked apart)
-    bf16: bool = False  # native bfloat16 (Ampere and later, or ROCm), not emulated
+    # native bfloat16, not emulated: a GPU from Ampere (or ROCm), a CPU with AVX512-BF16 or AMX
+    bf16: bool = False
     capability: tuple[int, int] = (0, 0)  # CUDA compute capability (0, 0 on a CPU)
 
     @property
@@ -42,7 +44,7 @@ class DeviceInfo:
 
     def describe(self) -> str:
         if not self.is_cuda:
-            return self.name
+            return f"{self.name} (native bf16)" if self.bf16 else self.name
         major, minor = self.capability
         bf16 = "native bf16" if self.bf16 else "no native bf16"
         return (
@@ -60,11 +62,32 @@ def native_bf16(capability: tuple[int, int], rocm: bool = False) -> bool:
     return rocm or tuple(capability) >= AMPERE
 
 
+# CPU flags (/proc/cpuinfo) of the instructions that compute bfloat16 dot products natively:
+# x86's AVX512-BF16 and AMX, Arm's BF16 extension. Without them torch emulates bf16 on a CPU,
+# slower than fp32.
+CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The CPU's feature flags: the ``flags`` (x86) or ``Features`` (Arm) line of ``cpuinfo``
+    (default: /proc/cpuinfo; none where it cannot be read)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = open("/proc/cpuinfo", encoding="utf-8", errors="replace").read()  # noqa: SIM115
+        except OSError:
+            return frozenset()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
 def device_info(device: str | torch.device | None = None) -> DeviceInfo:
     """The properties of ``device`` read from torch (default: :func:`stage_device`)."""
     device = stage_device() if device is None else torch.device(device)
     if device.type != "cuda":
-        return DeviceInfo(type=device.type, name=device.type)
+        return DeviceInfo(type=device.type, name=device.type, bf16=bool(cpu_flags() & CPU_BF16_FLAGS))
     index = torch.cuda.current_device() if device.index is None else device.index
     props = torch.cuda.get_device_properties(index)
     capability = (int(props.major), int(props.minor))
