@@ -229,11 +229,13 @@ def test_step_batches_are_a_function_of_seed_and_step():
 # ---- precision --------------------------------------------------------------------------------
 
 
-def test_precision_on_a_cpu_is_fp32_unless_bf16_is_asked_of_a_cpu_that_has_it(caplog):
+def test_precision_on_a_cpu_is_fp32_unless_bf16_is_asked_of_a_cpu_that_has_it(caplog, monkeypatch):
     """The CPU's properties given as values: ``auto`` stays fp32 on every CPU (the CPU numbers do
     not move), bf16 is an opt-in that only a CPU with native bf16 takes."""
+    from dprflow import precision
     from dprflow.device import DeviceInfo
 
+    monkeypatch.setattr(precision, "_warned", set())  # each warning is logged once a process
     settings = ("auto", "bf16", "fp16", "fp32")
     assert [resolve_precision(p, DeviceInfo(bf16=False)) for p in settings] == ["fp32"] * 4
     assert "no native bfloat16 (AVX512-BF16 or AMX)" in caplog.text
