@@ -6,7 +6,7 @@ document of a BEIR collection (title and text, cut at ``--max-length`` tokens) a
 twice, with dprflow's encoder (``encode_texts``, as encode_corpus and search_dense run it): in fp32,
 then under bf16 autocast (``precision: bf16``). Each side is timed (wall and this process's CPU
 time), the documents are ranked by the model's similarity for each query, and both rankings are
-scored with ir_measures (nDCG@10, R@100; paired t-test over the queries), beside the agreement of
+scored as the evaluate stage scores a run (nDCG@10, R@100; the compare stage's paired t-test), beside the agreement of
 the two (top-10 overlap, the largest score difference). Writes results/bench/cpu_bf16.json.
 
 Run it on a CPU with native bf16 (AVX512-BF16 or AMX; dprflow.device.cpu_flags); elsewhere bf16 is
@@ -22,23 +22,24 @@ import sys
 import time
 from pathlib import Path
 
-import ir_measures
 import numpy as np
+import pandas as pd
 import torch
-from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_bench  # noqa: E402
 
 from dprflow import device as hardware  # noqa: E402
 from dprflow.data.collections.beir import load_beir  # noqa: E402
+from dprflow.evaluation.compare import paired_ttest  # noqa: E402
+from dprflow.evaluation.metrics import evaluate_run  # noqa: E402
 from dprflow.finetuning.biencoder import BiEncoder  # noqa: E402
 from dprflow.finetuning.examples import encoder_texts  # noqa: E402
 from dprflow.model_init import load_tokenizer  # noqa: E402
 from dprflow.search.dense import encode_texts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-MEASURES = [ir_measures.nDCG @ 10, ir_measures.R @ 100]
+MEASURES = ["nDCG@10", "R@100"]
 
 
 def encode(model, tokenizer, texts, side: str, autocast: str | None, args) -> tuple[np.ndarray, float, float]:
@@ -49,13 +50,17 @@ def encode(model, tokenizer, texts, side: str, autocast: str | None, args) -> tu
     return emb, time.perf_counter() - wall, time.process_time() - cpu
 
 
-def run(scores: np.ndarray, query_ids: list[str], doc_ids: list[str], depth: int = 1000) -> list:
+def doc_run(scores: np.ndarray, query_ids: list[str], doc_ids: list[str], depth: int = 1000) -> pd.DataFrame:
+    """Each query's ``depth`` best documents, best first: ``query_id, doc_id, score``."""
     top = np.argsort(-scores, axis=1, kind="stable")[:, :depth]
-    return [
-        ir_measures.ScoredDoc(q, doc_ids[d], float(scores[i, d]))
-        for i, q in enumerate(query_ids)
-        for d in top[i]
-    ]
+    rows = np.repeat(np.arange(len(query_ids)), top.shape[1])
+    return pd.DataFrame(
+        {
+            "query_id": np.asarray(query_ids, dtype=object)[rows],
+            "doc_id": np.asarray(doc_ids, dtype=object)[top.ravel()],
+            "score": scores[rows, top.ravel()].astype(float),
+        }
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,12 +82,6 @@ def main(argv: list[str] | None = None) -> int:
     doc_texts = list(encoder_texts(docs, tokenizer.sep_token))
     queries = collection.queries[collection.queries["split"] == "test"]
     query_ids, query_texts = queries["query_id"].tolist(), queries["text"].tolist()
-    # the test queries' judgements only: ir_measures scores every query of the qrels (0 if unrun)
-    judged = collection.qrels[collection.qrels["query_id"].isin(set(query_ids))]
-    qrels = [
-        ir_measures.Qrel(q, d, int(r))
-        for q, d, r in judged[["query_id", "doc_id", "relevance"]].itertuples(index=False)
-    ]
     model = BiEncoder.from_pretrained(args.model).eval()
 
     sides = {}
@@ -90,15 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         passages, p_wall, p_cpu = encode(model, tokenizer, doc_texts, "passage", autocast, args)
         queries_emb, q_wall, q_cpu = encode(model, tokenizer, query_texts, "query", autocast, args)
         scores = queries_emb @ passages.T
-        per_query = {
-            m: {
-                r.query_id: r.value
-                for r in ir_measures.iter_calc([m], qrels, run(scores, query_ids, doc_ids))
-            }
-            for m in MEASURES
-        }
+        run = doc_run(scores, query_ids, doc_ids)
+        per_query = evaluate_run(run, collection.qrels, query_ids, MEASURES)
+        per_query = per_query.pivot(index="query_id", columns="metric", values="value")
         sides[name] = {
             "scores": scores,
+            "top10": run.groupby("query_id", sort=False)["doc_id"].apply(lambda d: set(d[:10])),
             "wall": p_wall + q_wall,
             "cpu": p_cpu + q_cpu,
             "per_query": per_query,
@@ -107,17 +103,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{len(query_texts)} queries in {q_wall:.1f} s")  # fmt: skip
 
     fp32, bf16 = sides["fp32"], sides["bf16"]
-    top10 = [
-        len(set(np.argsort(-a)[:10]) & set(np.argsort(-b)[:10])) / 10
-        for a, b in zip(fp32["scores"], bf16["scores"], strict=True)
-    ]
+    top10 = [len(a & b) / 10 for a, b in zip(fp32["top10"], bf16["top10"], strict=True)]
     metrics = {}
     for m in MEASURES:
-        qs = sorted(fp32["per_query"][m])
-        a = np.array([fp32["per_query"][m][q] for q in qs])
-        b = np.array([bf16["per_query"][m][q] for q in qs])
-        p = float(stats.ttest_rel(a, b).pvalue) if (a != b).any() else None  # None: the same on every query
-        metrics[str(m)] = {"fp32": a.mean(), "bf16": b.mean(), "p": p}
+        a, b = fp32["per_query"][m], bf16["per_query"][m]
+        p = None if a.equals(b) else paired_ttest(a, b)  # None: the same on every query
+        metrics[m] = {"fp32": a.mean(), "bf16": b.mean(), "p": p}
         test = "the same on every query" if p is None else f"paired t p = {p:.3f}"
         print(f"{m}: fp32 {a.mean():.4f}, bf16 {b.mean():.4f} ({test})")
     ratio = bf16["wall"] / fp32["wall"]
