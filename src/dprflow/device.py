@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -73,7 +74,7 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
     (default: /proc/cpuinfo; none where it cannot be read)."""
     if cpuinfo is None:
         try:
-            cpuinfo = open("/proc/cpuinfo", encoding="utf-8", errors="replace").read()  # noqa: SIM115
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
         except OSError:
             return frozenset()
     for line in cpuinfo.splitlines():
