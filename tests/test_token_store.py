@@ -359,12 +359,23 @@ def small_store(tok, path, sentences: bool = False) -> TokenStore:
             "offsets.bin",
         ),
         (lambda p: (p / "sentences.bin").unlink(), "sentences.bin"),
+        (lambda p: (p / "tokens.bin").write_bytes((p / "tokens.bin").read_bytes()[:5]), "tokens.bin"),
+        (lambda p: (p / "offsets.bin").write_bytes((p / "offsets.bin").read_bytes()[:-3]), "offsets.bin"),
     ],
-    ids=["tokens truncated", "offsets truncated", "offsets falling", "sentences missing"],
+    ids=[
+        "tokens truncated",
+        "offsets truncated",
+        "offsets falling",
+        "sentences missing",
+        "tokens cut to an odd byte count",
+        "offsets cut inside a value",
+    ],
 )
 def test_a_damaged_store_is_refused_with_its_path(tok, tmp_path, damage, named):
     """Issue 34 case 5: a tokens.bin truncated from 25,326 to 12,000 bytes was read as empty
-    documents; every file is checked against meta.json and the others when the store opens."""
+    documents; every file is checked against meta.json and the others when the store opens.
+    Issue 41 item 4a: one cut inside a value (an odd byte count of uint16 tokens) failed in
+    np.memmap ("not a multiple of the data-type size") without the path."""
     path = tmp_path / "store"
     small_store(tok, path, sentences=True)
     damage(path)

@@ -134,7 +134,13 @@ class TokenStore(Sequence):
             if optional:
                 return None
             raise FileNotFoundError(f"{path}: missing from the token store")
-        if path.stat().st_size == 0:
+        size, dtype = path.stat().st_size, np.dtype(dtype)
+        if size % dtype.itemsize:  # np.memmap would refuse it without the path
+            raise self._damaged(
+                f"{name}.bin holds {size:,} bytes, not a whole number of {dtype.name} values "
+                f"({dtype.itemsize} bytes each): it was cut short"
+            )
+        if size == 0:
             return np.zeros(0, dtype=dtype)
         return np.memmap(path, dtype=dtype, mode="r")
 
