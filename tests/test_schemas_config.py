@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -215,3 +217,127 @@ def test_reference_models_are_named_and_checked(tmp_path):
     config["model"]["references"] = [{"model": "x/y", "pooling": "max"}]
     with pytest.raises(ConfigError, match=r"model\.references\[0\]"):
         validate_config(config, SCHEMA)
+
+
+def test_a_setting_of_two_forms_names_both():
+    """Issue 41 item 4b: training.pad_to_multiple_of: "8" (a string) was refused with "allowed:
+    auto", as if integers were not allowed."""
+    config = {"collections": {"c": {"source": "embedded"}}, "training": {"pad_to_multiple_of": "8"}}
+    with pytest.raises(ConfigError) as caught:
+        validate_config(config, SCHEMA)
+    assert (
+        "config value training.pad_to_multiple_of = '8' must be 'auto' or an integer >= 0 "
+        "(a string: write 8 without quotes)"
+    ) in str(caught.value)
+    config["training"]["pad_to_multiple_of"] = -8
+    with pytest.raises(ConfigError, match=r"= -8 must be 'auto' or an integer >= 0$"):
+        validate_config(config, SCHEMA)
+    for good in ("auto", 0, 8):
+        config["training"]["pad_to_multiple_of"] = good
+        assert validate_config(config, SCHEMA)["training"]["pad_to_multiple_of"] == good
+
+
+@pytest.mark.parametrize(
+    "section, key, value, message",
+    [
+        (
+            ("finetune", "retriever"),
+            "batch_size",
+            4.0,
+            r"finetune\.retriever\.batch_size = 4\.0 must be an integer \(write 4, without the decimal point\)",
+        ),
+        (("bm25",), "hits", 10.5, r"bm25\.hits = 10\.5 must be an integer$"),
+        (
+            ("finetune", "distill"),
+            "max_queries",
+            2.0,
+            r"finetune\.distill\.max_queries = 2\.0 must be an integer or null",
+        ),
+        (
+            ("finetune",),
+            "nb_recall_n",
+            [50, 100.0],
+            r"finetune\.nb_recall_n\[1\] = 100\.0 must be an integer",
+        ),
+        (
+            ("training",),
+            "pad_to_multiple_of",
+            8.0,
+            r"training\.pad_to_multiple_of = 8\.0 must be 'auto' or an integer >= 0 \(write 8,",
+        ),
+        (
+            ("bm25",),
+            "k1",
+            "1e-4",
+            r"bm25\.k1 = '1e-4' must be a number \(a string: YAML reads 1e-4 as text; write 1\.0e-4\)",
+        ),
+    ],
+    ids=["batch size 4.0", "hits 10.5", "integer or null", "list item", "auto or integer", "number as text"],
+)
+def test_a_float_where_the_schema_says_integer_is_refused_naming_the_key(section, key, value, message):
+    """Issue 41 item 4c: finetune.retriever.batch_size: 4.0 passed the schema (JSON Schema counts
+    4.0 as an integer) and failed at the first training job naming the flag --batch-size; every
+    integer of the schema now refuses floats when the config is checked."""
+    config = {"collections": {"c": {"source": "embedded"}}}
+    node = config
+    for part in section:
+        node = node.setdefault(part, {})
+    node[key] = value
+    with pytest.raises(ConfigError, match=message):
+        validate_config(config, SCHEMA)
+
+
+def test_every_integer_of_the_schema_refuses_a_float():
+    """Generic, not one key: each key the schema types integer (alone, or with null) refuses its
+    default plus 0.0 as a float and takes it as an int."""
+    schema = yaml.safe_load(SCHEMA.read_text())
+    keys = []
+
+    def walk(node, path):
+        for name, sub in node.get("properties", {}).items():
+            kind = sub.get("type")
+            kinds = [kind] if isinstance(kind, str) else kind or []
+            if "integer" in kinds and isinstance(sub.get("default"), int):
+                keys.append((*path, name))
+            if sub.get("type") == "object":
+                walk(sub, (*path, name))
+
+    walk(schema, ())
+    assert len(keys) > 50 and ("finetune", "retriever", "batch_size") in keys
+    for key in keys:
+        config = {"collections": {"c": {"source": "embedded"}}}
+        node = config
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = float(_default(schema, key))
+        with pytest.raises(ConfigError, match=rf"{re.escape('.'.join(key))} = .* must be an integer"):
+            validate_config(config, SCHEMA)
+
+
+def _default(schema: dict, key: tuple) -> int:
+    node = schema
+    for part in key:
+        node = node["properties"][part]
+    return node["default"]
+
+
+def test_training_qrels_judging_nothing_relevant_are_refused_with_the_config(tmp_path):
+    """Issue 41 item 4d: a train split whose qrels all score 0 was refused by the first training job,
+    after 6 jobs had run (ingest, passages, BM25, negatives, ...); it is now refused when the config
+    is checked, naming the key and the file (read up to its first relevant judgement)."""
+    root = beir_stub(tmp_path / "c")
+    train = root / "qrels" / "train.tsv"
+    train.write_text("query-id\tcorpus-id\tscore\nq1\td1\t0\nq2\td2\t0\nq2\td3\t-1\n")
+    config = {"collections": {"c": {"source": "beir", "path": str(root)}}}
+    with pytest.raises(ConfigError) as caught:
+        validate_config(copy.deepcopy(config), SCHEMA)
+    assert (
+        f"collections.c.train_split = 'train': {train} judges no passage relevant (its 3 judgements "
+        "all score 0 or less)"
+    ) in str(caught.value)
+    validate_config(copy.deepcopy(config), SCHEMA, check_paths=False)  # a config for another machine
+    evaluate_only = copy.deepcopy(config)
+    evaluate_only["collections"]["c"]["evaluate_only"] = True  # nothing trains on it
+    validate_config(evaluate_only, SCHEMA)
+    train.write_text(train.read_text() + "q3\td1\t1\n")
+    validate_config(copy.deepcopy(config), SCHEMA)

@@ -1,15 +1,18 @@
 """Configuration checking: JSON-schema validation with defaults and errors that name the key.
 
 The workflow calls :func:`validate_config` when the DAG is built. Unlike a bare jsonschema error,
-an unknown key is reported with its full path and the keys allowed there, and a value outside an
-enumeration with the values allowed.
+an unknown key is reported with its full path and the keys allowed there, a value outside an
+enumeration with the values allowed, a value of a wrong type (a float such as 4.0 where the schema
+says integer, which JSON Schema itself accepts) with the type wanted, and a value of a setting of
+several forms (``auto`` or an integer) with every form.
 
 Beyond the schema, everything that can be checked from the config alone is checked then too, each
 problem naming its key (:func:`_check_values`): split shares summing to 100, the evaluation and
 training splits among those a collection declares and different from each other (unless
 ``score_training_queries`` says otherwise), metric names that ir_measures parses, span and crop
 ranges, and token lengths within the model's position limit (read offline from its
-``config.json``; skipped when it cannot be read without the network), ``evaluate_on`` naming
+``config.json``; skipped when it cannot be read without the network), a BEIR collection's
+training qrels judging some passage relevant (read up to the first that does), ``evaluate_on`` naming
 other collections of the config, ``model.references`` giving distinct row names (each reference
 found as the other model settings are), and a ``model.init`` to be
 fine-tuned that ships no sentence-transformers prompts. The baseline is checked
@@ -59,8 +62,26 @@ def _fill_defaults(node: Any, schema: dict) -> Any:
     return node
 
 
+def _is_integer(checker, instance) -> bool:
+    """JSON Schema's integer less the floats it also counts (4.0): a float reached a stage's
+    ``int`` argument and failed there, naming the flag instead of the key."""
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+# Draft 2020-12 with "integer" meaning a written integer: 4.0 is refused naming its key.
+Validator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+)
+
+
 def _message(err: jsonschema.ValidationError) -> str:
     where = _path(err.absolute_path)
+    if err.validator == "type":
+        kinds = [err.validator_value] if isinstance(err.validator_value, str) else err.validator_value
+        return f"config value {where} = {err.instance!r} must be {' or '.join(map(_kind, kinds))}" + _hint(
+            err.instance, kinds
+        )
     if err.validator == "additionalProperties" and isinstance(err.instance, dict):
         allowed = sorted(err.schema.get("properties", {}))
         unknown = sorted(k for k in err.instance if k not in allowed)
@@ -70,24 +91,69 @@ def _message(err: jsonschema.ValidationError) -> str:
         allowed = ", ".join(map(str, err.validator_value))
         return f"config value {where} = {err.instance!r} is not allowed; allowed: {allowed}"
     if err.validator in ("oneOf", "anyOf") and err.context:
-        # The alternative of the value's own type says what is wrong inside it; with none, the
-        # forms that are allowed.
+        # The alternative of a mapping's or a list's own type says what is wrong inside it; a
+        # single value (or none of the type of any alternative) is told the forms that are allowed
+        # (a string "8" for a setting that takes auto or an integer: both forms, not "allowed: auto").
         inside = [e for e in err.context if e.validator != "type"]
-        if inside:
+        if inside and isinstance(err.instance, (dict, list)):
             return "; ".join(_message(e) for e in inside)
         forms = " or ".join(_form(alternative) for alternative in err.validator_value)
-        return f"config value {where} = {err.instance!r} must be {forms}"
+        kinds = [alternative.get("type") for alternative in err.validator_value]
+        return f"config value {where} = {err.instance!r} must be {forms}" + _hint(err.instance, kinds)
     return f"config value {where}: {err.message}"
 
 
+_KINDS = {
+    "integer": "an integer",
+    "number": "a number",
+    "string": "a string",
+    "boolean": "true or false",
+    "null": "null",
+    "object": "a mapping",
+    "array": "a list",
+}
+
+
+def _hint(value: Any, kinds: list) -> str:
+    """How to write a number the way a setting takes it: 4.0 where an integer is wanted, a string
+    "8" (quoted) or 1e-4 (YAML reads an exponent without a decimal point as a string) for a number."""
+    if "integer" in kinds and isinstance(value, float) and value.is_integer():
+        return f" (write {int(value)}, without the decimal point)"
+    if not isinstance(value, str):
+        return ""
+    text = value.strip()
+    if "integer" in kinds and re.fullmatch(r"[+-]?\d+", text):
+        return f" (a string: write {text} without quotes)"
+    if "number" in kinds and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", text):
+        mantissa, _, exponent = text.lower().partition("e")
+        if exponent and "." not in mantissa:
+            return f" (a string: YAML reads {text} as text; write {mantissa}.0e{exponent})"
+        return f" (a string: write {text} without quotes)"
+    return ""
+
+
+def _kind(kind: str) -> str:
+    return _KINDS.get(kind, f"a {kind}")
+
+
 def _form(schema: dict) -> str:
-    """A schema alternative in words: 'a string', 'a mapping with keys model (required), name'."""
+    """A schema alternative in words: 'auto', 'an integer >= 0', 'a string', 'a mapping with keys
+    model (required), name'."""
+    if "enum" in schema:
+        return " or ".join(map(repr, schema["enum"]))
     kind = schema.get("type")
     if kind == "object":
         required = set(schema.get("required", ()))
         keys = [f"{k} (required)" if k in required else k for k in schema.get("properties", {})]
         return f"a mapping with keys {', '.join(keys)}"
-    return f"a {kind}" if isinstance(kind, str) else f"one of {kind}"
+    if not isinstance(kind, str):
+        return " or ".join(map(_kind, kind)) if kind else "anything"
+    words = _kind(kind)
+    bounds = (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<"))
+    for key, sign in bounds:
+        if key in schema:
+            words += f" {sign} {schema[key]}"
+    return words
 
 
 def _check_sources(config: dict) -> list[str]:
@@ -280,6 +346,47 @@ def _check_paths(config: dict) -> list[str]:
     return [f"{key} = {value!r} does not exist" for key, value in paths if not Path(value).exists()]
 
 
+def _judged_relevant(path: Path) -> tuple[int, bool]:
+    """(judgements read, whether one has a score > 0) of a BEIR qrels file, read until the first
+    relevant one (usually its first line); lines that are not judgements are left to ingest."""
+    rows = 0
+    with path.open("rb") as fh:
+        for line in fh:
+            parts = line.split(b"\t")
+            try:
+                score = int(parts[2])
+            except (IndexError, ValueError):
+                continue  # the header, or a line the ingest stage refuses naming it
+            rows += 1
+            if score > 0:
+                return rows, True
+    return rows, False
+
+
+def _check_judgements(config: dict) -> list[str]:
+    """A BEIR collection that trains rows judges some passage of its train_split relevant: qrels
+    of only zero (or negative) scores were refused by the first training job, six jobs later. Read
+    from the user's qrels file, up to its first relevant judgement; an ir_datasets collection's
+    qrels are known after its download (the training job says it then)."""
+    problems = []
+    for name, spec in config["collections"].items():
+        if spec["source"] != "beir" or spec["evaluate_only"]:
+            continue
+        path = Path(spec["path"]) / "qrels" / f"{spec['train_split']}.tsv"
+        try:
+            rows, relevant = _judged_relevant(path)
+        except OSError:
+            continue  # no such split: said by _check_splits
+        if rows and not relevant:
+            problems.append(
+                f"collections.{name}.train_split = {spec['train_split']!r}: {path} judges no passage "
+                f"relevant (its {rows} judgements all score 0 or less), so fine-tuning has no positive "
+                "to train on; check that file's score column (relevant is > 0), choose another "
+                f"train_split, or set collections.{name}.evaluate_only: true to only score it"
+            )
+    return problems
+
+
 def _check_transfer(config: dict) -> list[str]:
     """evaluate_on names other collections of the config; an evaluate-only collection names none
     (nothing is trained on it to transfer)."""
@@ -456,7 +563,7 @@ def _check_values(config: dict, check_paths: bool = True) -> list[str]:
         + _check_stages(config)
         + _references(config)[1]
         + _check_prompts(config)
-        + (_check_paths(config) + _check_models(config) if check_paths else [])
+        + (_check_paths(config) + _check_models(config) + _check_judgements(config) if check_paths else [])
         + _check_passage_length(config)
         + _check_splits(config)
         + _check_metrics(config)
@@ -487,7 +594,7 @@ def validate_config(config: dict, schema_path: str | Path, check_paths: bool = T
     folders, corpora, local models): for checking a config written for another machine."""
     schema = yaml.safe_load(Path(schema_path).read_text())
     _fill_defaults(config, schema)
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = Validator(schema)
     problems = [
         _message(e) for e in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.path)))
     ]
