@@ -256,6 +256,41 @@ def test_the_store_holds_tensorboard_events_packed_so_they_show_once(tmp_path):
     assert store.why_not(lambda folder: "") is None
 
 
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_the_weights_get_the_umask_s_mode_in_the_store_the_output_and_hub(train_data, tiny_init, umask, mode):
+    """Issue 41 item 4f: model.safetensors was 0600 in model/, the store and hub/ (safetensors
+    writes 0600 whatever the umask, and the copies kept it), so a model shared with a group could
+    not be read; every other output gets 0666 less the umask."""
+    import stat
+
+    from dprflow.stages import export_model
+
+    old = os.umask(umask)
+    try:
+        extra = dict(max_steps=1, method="none", role="r1")
+        assert train_retriever.main(argv(train_data, tiny_init, "m", **extra)) == 0
+        shutil.rmtree(train_data / "m")
+        assert train_retriever.main(argv(train_data, tiny_init, "m", **extra)) == 0  # put back
+        table = pd.DataFrame(
+            {"collection": ["c"], "system": ["none/r1"], "split": "test", "metric": ["nDCG@10"]}
+        ).assign(value=0.5, n_seeds=1, n_queries=3)
+        table.to_csv(train_data / "compare.csv", index=False)
+        flags = ["--compare-csv", str(train_data / "compare.csv"), "--collection", "c"]
+        assert (
+            export_model.main(["--model", str(train_data / "m"), *flags, "--out", str(train_data / "hub")])
+            == 0
+        )
+    finally:
+        os.umask(old)
+    folders = [train_data / "m", train_data / "m.ckpt" / "finished" / "model", train_data / "hub"]
+    for folder in folders:
+        files = {
+            p.relative_to(folder): stat.S_IMODE(p.stat().st_mode) for p in folder.rglob("*") if p.is_file()
+        }
+        assert Path("model.safetensors") in files, folder
+        assert {p: m for p, m in files.items() if m != mode} == {}, folder
+
+
 def test_a_store_whose_files_and_file_list_were_both_replaced_is_not_handed_back(tmp_path):
     """Issue 34 case 4: another store's model and its files.json copied in (each consistent with
     the other) are refused: the list's own SHA-256 is in the COMPLETE marker, with the identity."""

@@ -21,6 +21,8 @@ space, where the file system supports one), so an edit of the output in place ca
 store. TensorBoard event files are packed into one archive (``tensorboard.tar``), so that
 ``tensorboard --logdir results/`` shows each run once, from the output folder.
 
+Its files get the umask's mode (safetensors writes 0600), which the copies keep.
+
 The store is also the first place the final weights are written: the output folder is copied
 from it, so a disk that fills while the output is written leaves the trained model in the store,
 and the rerun after space is freed puts it back instead of training again. docs/resuming.md says
@@ -42,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from dprflow import provenance
-from dprflow.data.schemas import disk_full_error
+from dprflow.data.schemas import disk_full_error, umask_mode
 from dprflow.training.tracking import EVENTS_DIR
 
 log = logging.getLogger(__name__)
@@ -132,6 +134,17 @@ def clone_file(src: str | os.PathLike, dst: str | os.PathLike) -> None:
         shutil.copy2(src, dst)
 
 
+def give_umask_modes(folder: Path) -> None:
+    """Give every file below ``folder`` the mode a new file gets under the umask (0644 under 022),
+    as every other output has: safetensors writes its files 0600 whatever the umask, and copies
+    keep the mode, so a model's weights in the store, ``model/`` and ``hub/`` could not be read by
+    the group the rest of the results are shared with."""
+    mode = umask_mode()
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, mode)
+
+
 def file_hashes(folder: Path) -> dict[str, str]:
     """SHA-256 of every file below ``folder``, by relative path."""
     return {
@@ -184,6 +197,7 @@ class FinishedStore:
         try:
             tmp.mkdir(parents=True)
             write_model(tmp / "model")
+            give_umask_modes(tmp / "model")
             hashes = {f"model/{k}": v for k, v in file_hashes(tmp / "model").items()}
             if events is not None and events.is_dir():
                 with tarfile.open(tmp / EVENTS_ARCHIVE, "w") as archive:
