@@ -5,7 +5,8 @@
   the same weights bit for bit;
 - ``training.pad_to_multiple_of``: every step type's loss and gradients with its batch padded to
   a multiple of 16 equal those at its own longest (in float64: to 1e-9 of the largest gradient),
-  and ``auto`` is 8 on a GPU, nothing on a CPU.
+  without dropout; with dropout the padded positions take draws, so the loss differs (as the
+  schema and docs/training.md say), and ``auto`` is 8 on a GPU, nothing on a CPU.
 """
 
 from __future__ import annotations
@@ -160,3 +161,49 @@ def test_padding_to_a_multiple_keeps_each_steps_loss_and_gradients(name, tmp_pat
     scale = max(g.abs().max() for g in results[0][1].values())
     for key, grad in results[0][1].items():
         torch.testing.assert_close(results[1][1][key], grad, rtol=1e-7, atol=1e-9 * scale, msg=key)
+
+
+@pytest.mark.parametrize("name", ["retriever", "condenser"])
+def test_padding_to_a_multiple_draws_other_dropout_masks(name, tmp_path):
+    """Issue 41 item 4h, the documented behaviour: dropout is drawn over the padded shape, so from
+    one seed a step's loss is the same at any multiple with dropout off (model.eval()) and another
+    with it on (model.train(): the padded positions take draws); the same multiple twice gives
+    the same loss (it is another draw, not noise)."""
+    task = bench_task(name, tmp_path / name)
+    batch = task.make_batch(np.random.default_rng(0), task.items[:4])
+    padded = {m: pad_to_multiple(batch, m, pad_id=0) for m in (0, 24, 64)}
+    shapes = {
+        m: tuple(v.shape for part in (b if isinstance(b, tuple) else [b]) if part for v in part.values())
+        for m, b in padded.items()
+    }
+    assert len(set(shapes.values())) == 3, shapes  # each multiple pads the batch to other lengths
+
+    def loss(inputs, train: bool) -> float:
+        torch.manual_seed(0)
+        model = task.model_fn().train(train).double()
+        with torch.no_grad():
+            return float(task.step(model, inputs, lambda loss: None)["loss"])
+
+    off = {m: loss(inputs, train=False) for m, inputs in padded.items()}
+    on = {m: loss(inputs, train=True) for m, inputs in padded.items()}
+    assert off[24] == pytest.approx(off[0], rel=1e-12) and off[64] == pytest.approx(off[0], rel=1e-12)
+    assert loss(padded[24], train=True) == on[24]
+    assert len({round(v, 9) for v in on.values()}) == 3, on  # three multiples, three draws
+
+
+def test_the_schema_and_the_docs_say_the_padding_changes_the_dropout_draws():
+    """Issue 41 item 4h: the schema said the padding changed nothing but float rounding, while
+    every multiple trains other weights (the test above); the setting's description says so."""
+    import yaml
+
+    schema = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())
+    text = " ".join(
+        schema["properties"]["training"]["properties"]["pad_to_multiple_of"]["description"].split()
+    )
+    assert "the padded positions take dropout draws too" in text and "as another seed would give" in text
+    row = next(
+        line
+        for line in (ROOT / "docs" / "training.md").read_text().splitlines()
+        if line.startswith("| `pad_to_multiple_of`")
+    )
+    assert "the padded positions take draws" in row and "like another seed" in row

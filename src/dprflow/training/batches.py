@@ -15,6 +15,8 @@ and split into micro-batches for gradient accumulation.
 - :func:`pad_to_multiple` pads a batch's ``[B, L]`` token tensors to a length that is a multiple
   of ``m`` (``training.pad_to_multiple_of``), after the stage built (and masked) it at its
   longest sequence: the same tokens, masks and MLM targets, more padding, a handful of shapes.
+  The model's dropout is drawn over the padded shape, so with dropout on the masks (and the
+  random stream after them) differ per multiple: other weights, as another seed gives.
 """
 
 from __future__ import annotations
