@@ -36,59 +36,14 @@ TASKS = ("retriever", "condenser", "cocondenser", "mae", "contriever")
 MIB = 2**20
 
 
-def stage_step(
-    task: str, batch_size: int, group_size: int, seq_len: int, shape, precision: str, chunk: int = 0
-):
-    """The stage's own description of a step (``step_memory``) at this batch's shape (``task``:
-    a step type of bench_train_throughput.py, ``_cache`` with a gradient cache of ``chunk``; the
-    bare ``bert`` tasks: their sequences through the encoder)."""
-    from dprflow.cli import parse_args
-    from dprflow.training.memory import StepMemory
-
-    if task.startswith("bert"):
-        return StepMemory(((batch_size * (group_size if task == "bert_passages" else 1), seq_len),))
-    from dprflow.stages import (
-        pretrain_contriever,
-        pretrain_corpus,
-        pretrain_generic,
-        pretrain_mae,
-        train_retriever,
-    )
-
-    common = ["--init", "x", "--out", "o", "--checkpoint-dir", "c", "--precision", precision]
-    cases = {
-        # queries of at most 16 words + [CLS], [SEP] (bench_train_throughput.texts)
-        "retriever": (train_retriever, ["--queries", "q", "--qrels", "r", "--passages", "p", "--negatives", "n",
-                                        "--batch-size", batch_size, "--group-size", group_size,
-                                        "--max-query-length", 18, "--max-passage-length", seq_len]),
-        "condenser": (pretrain_generic, ["--batch-size", batch_size, "--max-length", seq_len]),
-        # rows 2j and 2j + 1: two spans of document j
-        "cocondenser": (pretrain_corpus, ["--passages", "p", "--batch-size", batch_size // 2, "--span-min", 1,
-                                          "--span-max", seq_len - 2]),
-        "mae": (pretrain_mae, ["--variant", "bmae", "--corpus", "pydoc", "--batch-size", batch_size,
-                               "--max-length", seq_len]),
-        "contriever": (pretrain_contriever, ["--passages", "p", "--batch-size", batch_size,
-                                             "--max-doc-tokens", seq_len - 2, "--queue-size", 4096]),
-    }  # fmt: skip
-    module, extra = cases[task.removesuffix("_cache")]
-    if task.endswith("_cache"):
-        extra = [*extra, "--chunk-size", chunk]
-    args = parse_args(module.Args, [str(a) for a in common + extra], module.__name__)
-    return module.step_memory(args, shape, world=1)
-
-
 def measure_one(task: str, model: str, batch_size: int, group_size: int, seq_len: int, device: str) -> dict:
     """Build ``task``'s model, run a step, then measure the peak of the next (module docstring)."""
     import torch
+    from _common import stage_estimate, stage_step
     from bench_train_throughput import Task, make_tokenizer
 
     from dprflow.precision import resolve_precision
-    from dprflow.training.memory import (
-        PROCESS_BYTES,
-        bytes_per_value,
-        estimate_step_bytes,
-        keeps_attention_scores,
-    )
+    from dprflow.training.memory import PROCESS_BYTES
 
     dev = torch.device(device)
     precision = resolve_precision("auto", dev)
@@ -101,8 +56,7 @@ def measure_one(task: str, model: str, batch_size: int, group_size: int, seq_len
         measured, shape = step_peak(task_, dev, precision, batch_size)
     described = stage_step(task, batch_size, group_size, seq_len, shape, precision)
     cuda = dev.type == "cuda"
-    scores = keeps_attention_scores("sdpa", cuda)  # the models' kernel (transformers' default)
-    estimate = estimate_step_bytes(shape, described, bytes_per_value(precision, cuda), scores) - PROCESS_BYTES
+    estimate = stage_estimate(task, shape, batch_size, group_size, seq_len, precision, cuda) - PROCESS_BYTES
     return {
         "task": task,
         "estimate_mib": estimate / MIB,

@@ -14,7 +14,9 @@ Each runs in the plain loop a Hugging Face user writes (batch, the step's forwar
 clip, AdamW, schedule) and in :class:`dprflow.training.trainer.Trainer` with its defaults (the
 speed switches of config/schema.yaml's training section), in the same process. Reported per row:
 real (unpadded) tokens/s over the timed steps after untimed warm-up steps, MFU, peak memory (GPU:
-allocated; CPU: the process's peak resident set over the run).
+allocated; CPU: the process's peak resident set over the run) and the training stage's memory
+estimate of the step that ran (:func:`estimate_mib`: with a gradient cache, of the chunk its steps
+encoded, the configured one in the plain loop, the one the Trainer chose from the GPU's memory).
 
 MFU (PaLM, Chowdhery et al. 2022, appendix B) counts the model's FLOPs, not what recomputation
 (gradient cache, checkpointing) adds. Per step::
@@ -36,19 +38,26 @@ vocabulary, so nothing is downloaded::
     python bench/bench_train_throughput.py                       # CPU, tiny model (make bench)
     python bench/bench_train_throughput.py --device cuda --model base
 
-Figures go to results/bench/train_*.json (bench/summarize.py), with the device they ran on.
+Figures go to results/bench/train_*.json (bench/summarize.py), with the device they ran on. With
+``--csv-dir DIR`` the table also goes to ``DIR/<date>-<device>.csv`` (:data:`CSV_COLUMNS`; ``make
+gpu-check`` writes bench/gpu/), rewritten after each step type, so a run cut short keeps its rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import csv
+import datetime
 import functools
 import gc
 import math
 import os
+import re
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from _common import reset_peak_rss, status_kib, write_bench  # noqa: E402
+from _common import reset_peak_rss, stage_estimate, status_kib, write_bench  # noqa: E402
 from transformers import BertConfig, BertForMaskedLM, BertModel, BertTokenizerFast  # noqa: E402
 
 from dprflow.finetuning.biencoder import BiEncoder  # noqa: E402
@@ -72,7 +81,9 @@ from dprflow.pretraining.contriever.model import Contriever, ContrieverConfig  #
 from dprflow.pretraining.mae.data import TokenText, mae_batch  # noqa: E402
 from dprflow.pretraining.mae.model import BottleneckedMAE, MAEConfig  # noqa: E402
 from dprflow.progress import quiet_hugging_face  # noqa: E402
+from dprflow.training import steps as training_steps  # noqa: E402
 from dprflow.training.batches import StepBatches  # noqa: E402
+from dprflow.training.memory import PROCESS_BYTES, EncoderShape  # noqa: E402
 from dprflow.training.optim import TrainArgs  # noqa: E402
 from dprflow.training.steps import biencoder_step, cocondenser_step  # noqa: E402
 from dprflow.training.trainer import Trainer  # noqa: E402
@@ -93,6 +104,30 @@ TASKS = (
     "contriever",
     "bert",
     "bert_passages",
+)
+# The table as CSV (--csv-dir), one row per step type and loop: device (torch's name of the GPU,
+# or "CPU, n torch threads"), torch, transformers, cuda (torch.version.cuda: the CUDA torch was
+# built with, empty for a CPU-only torch), step (a task of TASKS), loop (plain, trainer, compile,
+# checkpointing), batch (the step's batch: "B" sequences, or "BxG" for the retriever's B queries
+# with G passages each and the bare model over those B x G passages), length (tokens a sequence
+# at most; the retriever's queries are shorter), tokens_per_s (real tokens a second over the
+# timed steps), mfu (model FLOPs utilisation, a fraction), peak_mib (the GPU's peak allocated
+# MiB; on a CPU the process's peak resident set, empty where it cannot be reset), estimate_mib
+# (:func:`estimate_mib`) and estimate_over_peak (empty without a peak).
+CSV_COLUMNS = (
+    "device",
+    "torch",
+    "transformers",
+    "cuda",
+    "step",
+    "loop",
+    "batch",
+    "length",
+    "tokens_per_s",
+    "mfu",
+    "peak_mib",
+    "estimate_mib",
+    "estimate_over_peak",
 )
 # Dense tensor-core peaks in TFLOP/s from the vendors' datasheets (SXM parts; no sparsity):
 # bf16/fp16, and TF32 for fp32 matrix products. Matched by a substring of the device name.
@@ -385,8 +420,13 @@ def measure(label: str, setup, task: Task, args, device: torch.device, peak: flo
     sync(device)
     seconds = time.perf_counter() - started
     del run
+    requested_mib = None
     if device.type == "cuda":
         peak_mib = torch.cuda.max_memory_allocated(device) / 2**20
+        # the peak of the bytes the tensors (and cuBLAS's workspaces) asked for: the allocated
+        # peak counts whole blocks, the allocator's rounding included (memory.CUDA_ALLOCATED)
+        requested = torch.cuda.memory_stats(device).get("requested_bytes.all.peak")
+        requested_mib = None if requested is None else requested / 2**20
     else:
         peak_mib = status_kib("VmHWM") / 1024 if rss_exact else None
     batches = StepBatches(task.items, task.make_batch, seed=13, batch_size=args.batch_size)
@@ -404,8 +444,10 @@ def measure(label: str, setup, task: Task, args, device: torch.device, peak: flo
         "seconds": seconds,
         "tokens": n_tokens,
         "peak_mib": peak_mib,
+        "requested_mib": requested_mib,
     }
     mem = f", peak {row['peak_mib']:.0f} MiB" if row["peak_mib"] is not None else ""
+    mem += f" ({requested_mib:.0f} requested)" if requested_mib is not None else ""
     print(
         f"  {label}: {row['tokens_per_s']:.0f} tokens/s, {row['tflops']:.3f} TFLOP/s, MFU {row['mfu']:.1%} "
         f"({seconds:.2f} s, {n_tokens} tokens{mem})",
@@ -414,26 +456,80 @@ def measure(label: str, setup, task: Task, args, device: torch.device, peak: flo
     return row
 
 
-def estimate_mib(task: str, args, gpu: bool, precision: str) -> float:
-    """The stage's memory estimate of ``task``'s step (bench_step_memory.stage_step): on a GPU
-    without the allowance for the process (host memory; comparable with the peak allocated), on a
-    CPU with it (comparable with the process's peak resident set)."""
-    from bench_step_memory import stage_step
-
-    from dprflow.training.memory import (
-        PROCESS_BYTES,
-        EncoderShape,
-        bytes_per_value,
-        estimate_step_bytes,
-        keeps_attention_scores,
+def estimate_mib(task: str, args, shape: EncoderShape, gpu: bool, precision: str, chunk: int) -> float:
+    """The stage's memory estimate of ``task``'s step (``_common.stage_estimate``), a gradient
+    cache in chunks of ``chunk``: on a GPU without the allowance for the process (host memory;
+    comparable with the peak allocated), on a CPU with it (comparable with the process's peak
+    resident set)."""
+    estimate = stage_estimate(
+        task, shape, args.batch_size, args.group_size, args.seq_len, precision, gpu, chunk
     )
-
-    config = BertConfig(vocab_size=WORDS + 5, max_position_embeddings=512, **MODELS[args.model])
-    shape = EncoderShape.of(config)
-    step = stage_step(task, args.batch_size, args.group_size, args.seq_len, shape, precision, args.chunk_size)
-    scores = keeps_attention_scores("sdpa", gpu)
-    estimate = estimate_step_bytes(shape, step, bytes_per_value(precision, gpu), scores)
     return (estimate - (PROCESS_BYTES if gpu else 0)) / 2**20
+
+
+@contextlib.contextmanager
+def chunks_encoded() -> Iterator[list[int]]:
+    """Record the chunk each gradient-cache step in the block encodes: what
+    ``dprflow.training.steps.fitting_chunk`` answers (the configured ``chunk_size``, or under the
+    Trainer's ``training.chunk_from_memory`` the largest that fits the GPU), so that a row's
+    estimate is the one of the step that ran."""
+    chosen: list[int] = []
+    fitting_chunk = training_steps.fitting_chunk
+
+    def recorded(*args, **kwargs) -> int:
+        chunk = fitting_chunk(*args, **kwargs)
+        chosen.append(chunk)
+        return chunk
+
+    training_steps.fitting_chunk = recorded
+    try:
+        yield chosen
+    finally:
+        training_steps.fitting_chunk = fitting_chunk
+
+
+def batch_label(task: str, args) -> str:
+    """The ``batch`` column: ``B``, or ``BxG`` for the retriever's queries with their passages and
+    the bare model over those passages."""
+    grouped = task.startswith("retriever") or task == "bert_passages"
+    return f"{args.batch_size}x{args.group_size}" if grouped else str(args.batch_size)
+
+
+def slug(name: str) -> str:
+    """A file-name form of a device name: ``NVIDIA H100 80GB HBM3`` -> ``nvidia-h100-80gb-hbm3``."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"
+
+
+def csv_path(folder: Path, device: str, today: datetime.date | None = None) -> Path:
+    """``folder/<date>-<device slug>.csv``."""
+    return Path(folder) / f"{(today or datetime.date.today()).isoformat()}-{slug(device)}.csv"
+
+
+def write_csv(path: Path, rows: list[dict], versions: dict[str, str], args) -> Path:
+    """The table's rows as CSV (:data:`CSV_COLUMNS`), written to a temporary file and renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            peak = row["peak_mib"]
+            writer.writerow(
+                {
+                    **versions,
+                    "step": row["task"],
+                    "loop": row["loop"],
+                    "batch": batch_label(row["task"], args),
+                    "length": args.seq_len,
+                    "tokens_per_s": round(row["tokens_per_s"], 1),
+                    "mfu": round(row["mfu"], 4),
+                    "peak_mib": "" if peak is None else round(peak, 1),
+                    "estimate_mib": round(row["estimate_mib"], 1),
+                    "estimate_over_peak": "" if not peak else round(row["estimate_mib"] / peak, 3),
+                }
+            )
+    os.replace(tmp, path)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -474,6 +570,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (CPU runs)")
     parser.add_argument("--no-write", action="store_true", help="print only, write no results/bench files")
+    parser.add_argument(
+        "--csv-dir", type=Path, default=None, help="also write the table to DIR/<date>-<device>.csv"
+    )
     args = parser.parse_args(argv)
     quiet_hugging_face()
     # Each row loads its models from a folder: no per-load report of the heads left out (45 tables
@@ -512,6 +611,16 @@ def main(argv: list[str] | None = None) -> int:
         "checkpointing": {"gradient_checkpointing": True},
     }
     variants = [(label, all_variants[label]) for label in args.variants]
+    versions = {
+        "device": name,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda or "",
+    }
+    table = csv_path(args.csv_dir, name) if args.csv_dir else None
+    shape = EncoderShape.of(
+        BertConfig(vocab_size=WORDS + 5, max_position_embeddings=512, **MODELS[args.model])
+    )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -522,7 +631,6 @@ def main(argv: list[str] | None = None) -> int:
             # Repeats interleave the variants, and the best of each is kept: on a shared
             # machine the other load only ever slows a run down.
             best: dict[str, dict] = {}
-            estimate = estimate_mib(task_name, args, gpu, precision)
             for _ in range(args.repeats):
                 for label, options in variants:
                     if (
@@ -532,33 +640,46 @@ def main(argv: list[str] | None = None) -> int:
                     ):
                         continue
                     setup = functools.partial(loop, task, args, device, precision, folder, options)
-                    row = measure(f"{task_name}_{label}_{precision}", setup, task, args, device, peak)
+                    with chunks_encoded() as chunks:
+                        row = measure(f"{task_name}_{label}_{precision}", setup, task, args, device, peak)
+                    # the chunk the steps encoded (warm-up and timed alike: same model, same budget)
+                    chunk = max(chunks, default=0) or task.chunk_size
+                    if task.chunk_size:
+                        print(f"  {row['label']}: gradient cache in chunks of {chunk}", flush=True)
                     if label not in best or row["tokens_per_s"] > best[label]["tokens_per_s"]:
                         best[label] = {
                             **row,
                             "task": task_name,
                             "loop": label,
                             "precision": precision,
-                            "estimate_mib": estimate,
+                            "chunk": chunk,
+                            "estimate_mib": estimate_mib(task_name, args, shape, gpu, precision, chunk),
                         }
             rows += best.values()
+            if table:
+                write_csv(table, rows, versions, args)
     print()
     print(
         f"device: {name}; torch {torch.__version__}, transformers {transformers.__version__}, Python "
         f"{sys.version.split()[0]}; model {args.model}, {precision}; batch {args.batch_size}, group "
         f"{args.group_size}, {args.seq_len} tokens, {args.steps} timed steps"
     )
-    print("| step | loop | precision | tokens/s | TFLOP/s | MFU | vs plain | peak MiB | estimate MiB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| step | loop | precision | tokens/s | TFLOP/s | MFU | vs plain | peak MiB | estimate MiB "
+        "| estimate / peak |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         plain = next(  # the plain loop, else the first variant
             r for r in rows if r["task"] == row["task"] and r["loop"] in ("plain", variants[0][0])
         )
         ratio = row["tokens_per_s"] / plain["tokens_per_s"]
         mem = "" if row["peak_mib"] is None else f"{row['peak_mib']:.0f}"
+        over = f"{row['estimate_mib'] / row['peak_mib']:.2f}" if row["peak_mib"] else ""
         print(
             f"| {row['task']} | {row['loop']} | {row['precision']} | {row['tokens_per_s']:.0f} | "
-            f"{row['tflops']:.3f} | {row['mfu']:.1%} | {ratio:.2f} | {mem} | {row['estimate_mib']:.0f} |"
+            f"{row['tflops']:.3f} | {row['mfu']:.1%} | {ratio:.2f} | {mem} | {row['estimate_mib']:.0f} | "
+            f"{over} |"
         )
         if not args.no_write:
             write_bench(
@@ -581,6 +702,8 @@ def main(argv: list[str] | None = None) -> int:
                 group_size=args.group_size,
                 seq_len=args.seq_len,
             )
+    if table:
+        print(f"csv: {table}", flush=True)
     return 0 if all(math.isfinite(r["tokens_per_s"]) for r in rows) else 1
 
 

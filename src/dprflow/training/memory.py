@@ -21,14 +21,21 @@ Models", section 4.1, generalised to an intermediate size ``I``)::
 for hidden size ``h`` and ``a`` attention heads, every sequence taken at its maximum length (a
 batch is padded to its longest); the ``5 a s^2`` of scores, softmax and dropout mask only where
 the attention kernel keeps them (:func:`keeps_attention_scores`: not torch's fused SDPA kernels
-on a GPU). ``bench/bench_step_memory.py`` measures real steps against it: 1.05-1.22x the peak on
-a CPU. With gradient checkpointing a layer keeps only its input
-(``s h`` values) and one layer's activations are rebuilt at a time. On top come the extra costs
-of each method: the layers a sequence runs through besides the encoder (Condenser's head, an MAE's
-decoder), the MLM logits of the masked tokens (``[M, V]``, kept with their fp32 log-softmax for
-the cross-entropy's backward, and their gradient), tensors such as MoCo's queue or a gradient
-cache's representations, the gradients of one layer's activations while the backward passes
-through it, and a fixed allowance for the process itself.
+on a GPU). That count takes every activation in 16 bits; under mixed precision (autocast: the
+GPU's bf16 or fp16) a Hugging Face BERT layer keeps ``8 s h`` bytes more (:data:`AUTOCAST_LAYER_SH`:
+the residual stream stays fp32), the step holds the weights' 16-bit copies
+(:func:`autocast_weight_bytes`), and on a GPU the caching allocator counts cuBLAS's workspaces and
+its own rounding (:data:`CUDA_ALLOCATED`). Without those three the estimate was 16-24% under
+every step's peak on an H100; with them it is 1.04-1.19x (bench/RESULTS.md, 2026-11-26;
+``tests/test_memory_estimates.py``). In fp32 (a CPU) none of them applies: there
+``bench/bench_step_memory.py`` finds the estimate 1.05-1.22x the peak of real steps. With
+gradient checkpointing a layer keeps only its input (``s h`` values) and one layer's activations
+are rebuilt at a time. On top come the extra costs of each method: the layers a sequence runs
+through besides the encoder (Condenser's head, an MAE's decoder), the MLM logits of the masked
+tokens (``[M, V]``, kept with their fp32 log-softmax for the cross-entropy's backward, and their
+gradient), tensors such as MoCo's queue or a gradient cache's representations, the gradients of
+one layer's activations while the backward passes through it, and a fixed allowance for the
+process itself.
 
 A step's rows are those one process holds at once: a batch of ``B`` over ``W`` processes with
 ``k`` accumulation micro-batches holds ``B / W / k``; a gradient cache (``chunk_size``) holds the
@@ -61,6 +68,41 @@ FP32 = 4
 # What a CUDA process holds on its GPU besides its tensors: the context, the cuBLAS and cuDNN
 # workspaces, and what the caching allocator keeps between blocks.
 CUDA_RESERVED = 2**30
+# What torch.cuda.max_memory_allocated (the peak bench/ compares with) counts on a GPU besides
+# the step's tensors, added to the estimate on a GPU: the cuBLAS and cuBLASLt workspaces, which
+# torch takes from its caching allocator (32 MiB each on Hopper, 4 before; a pair per thread that
+# multiplies, the forward's and autograd's backward thread: 128 MiB), and the allocator's
+# rounding: a cached block is handed out whole unless more than 1 MiB of it would be left, so a
+# tensor above 1 MiB may count up to 1 MiB more, and a step holds hundreds. Calibrated on the
+# H100 (bench/RESULTS.md, 2026-11-26): with the autocast terms below the tensors estimated were
+# at most 55 MiB under the peaks, except with the gradient cache in chunks of 16 sequences: up to
+# 325 MiB under. The same steps under bf16 autocast on a CPU (live tensors counted, the cache
+# included) peak within 2% of the tensors estimated, so that is the allocator's, likeliest its
+# rounding as the cache's many chunks recycle blocks (bench_train_throughput.py prints the GPU's
+# "requested" peak, the tensors' own bytes, beside the allocated one to tell). 512 MiB leaves the
+# smallest step measured 7% above its peak.
+CUDA_ALLOCATED = 512 * MB
+# Bytes per token and hidden unit that one BERT layer keeps under autocast beyond Korthikanti's
+# 16-bit count (18 s h + 4 s I). Autocast changes what is saved for the backward in two places:
+# - the layer's input is fp32 (the residual stream: LayerNorm runs in fp32 under autocast) and
+#   is cast to 16 bits by each of the query, key and value projections, a copy each (autocast
+#   caches the casts of weights, not of activations): 3 x 2 s h saved where the count has 2 s h;
+# - the two LayerNorms keep their fp32 inputs (the residual sums): 2 x 4 s h where it has 4 s h.
+# The rest is as counted: q, k, v (6 s h) and the attention's output (2 s h, the output
+# projection's input: the fused kernels return it already laid out, no copy) kept by SDPA, two
+# dropout masks of one byte (2 s h), the feed-forward's 16-bit input cast (2 s h), its
+# intermediate before and after GELU (4 s I). Total 26 s h + 4 s I bytes a layer. Calibrated on
+# the H100 (bench/RESULTS.md, 2026-11-26): the bare BertModel's peak grew by 49.7 MiB a sequence
+# of 128 tokens from 64 to 512 sequences; 12 x (26 s h + 4 s I) is 47.3 MiB, the rest the
+# embeddings' fp32 LayerNorm input and the backward's passing gradients; the 16-bit count,
+# 12 x (18 s h + 4 s I) = 38.3 MiB, was 23% short. A BERT layer under bf16 autocast on a CPU saves
+# the same for its backward (saved_tensors_hooks: three (s, h) bf16 casts of its input, two fp32
+# LayerNorm inputs).
+AUTOCAST_LAYER_SH = 8
+# Under autocast softmax runs in fp32: the eager kernel keeps the softmax's fp32 output (4 a s^2),
+# the dropout mask (a s^2) and the dropped-out probabilities cast to 16 bits for the product with
+# V (2 a s^2): 7 a s^2 bytes where the 16-bit count has 5 (not measured: the GPU check runs SDPA).
+AUTOCAST_SCORES = 7
 
 
 @dataclass(frozen=True)
@@ -186,12 +228,17 @@ def activation_bytes(
     """Activations one sequence of ``length`` tokens keeps for the backward pass in ``layers``
     layers shaped like the encoder's (all of the encoder's by default). ``scores``: the attention
     kernel keeps the ``a x s x s`` scores, softmax and dropout mask (``5 a s^2``); without, a fused
-    kernel keeps one fp32 log-sum-exp per head and token (:func:`keeps_attention_scores`)."""
+    kernel keeps one fp32 log-sum-exp per head and token (:func:`keeps_attention_scores`).
+    ``bytes_per_value`` 2: 16-bit activations under autocast, with what autocast keeps besides
+    (:data:`AUTOCAST_LAYER_SH`, :data:`AUTOCAST_SCORES`); 4: fp32, twice the 16-bit count."""
     h, a, inner = shape.hidden_size, shape.num_attention_heads, shape.intermediate_size
     attention = 5 * a * length * length if scores else 2 * a * length
-    per_layer_16bit = 18 * length * h + 4 * length * inner + attention
+    per_layer = (18 * length * h + 4 * length * inner + attention) * bytes_per_value // 2
+    if bytes_per_value == 2:  # mixed precision: what autocast keeps besides (AUTOCAST_LAYER_SH)
+        per_layer += AUTOCAST_LAYER_SH * length * h
+        per_layer += (AUTOCAST_SCORES - 5) * a * length * length if scores else 2 * a * length
     n_layers = shape.num_hidden_layers if layers is None else layers
-    return n_layers * per_layer_16bit * bytes_per_value // 2
+    return n_layers * per_layer
 
 
 def keeps_attention_scores(attention: str, cuda: bool) -> bool:
@@ -236,11 +283,13 @@ def estimate_step_bytes(
     step: StepMemory | Sequence[tuple[int, int]],
     bytes_per_value: int = 4,
     scores: bool = True,
+    cuda: bool = False,
 ) -> int:
     """Peak bytes of one optimizer step of ``model`` (a model holding a Hugging Face encoder, or
     its :class:`EncoderShape`). ``step``: a :class:`StepMemory`, or a list of (sequences, tokens
     each) fed through the encoder at once. ``scores``: the attention kernel keeps its ``s x s``
-    scores (:func:`keeps_attention_scores`)."""
+    scores (:func:`keeps_attention_scores`). ``cuda``: on a GPU, with what its allocator counts
+    besides the tensors (:data:`CUDA_ALLOCATED`)."""
     shape = model if isinstance(model, EncoderShape) else EncoderShape.of(model)
     step = as_step(step)
 
@@ -278,7 +327,17 @@ def estimate_step_bytes(
     else:
         first = FP32 * shape.vocab_size * shape.hidden_size if step.masked_tokens else 0
         dynamic = max(acts + first, grads)
-    return PROCESS_BYTES + 12 * trained + FP32 * step.frozen_params + step.buffer_bytes + dynamic
+    held = 12 * trained + FP32 * step.frozen_params + step.buffer_bytes
+    held += autocast_weight_bytes(trained, bytes_per_value) + (CUDA_ALLOCATED if cuda else 0)
+    return PROCESS_BYTES + held + dynamic
+
+
+def autocast_weight_bytes(trained: int, bytes_per_value: int) -> int:
+    """The 16-bit copies of ``trained`` weights under mixed precision (``bytes_per_value`` 2):
+    autocast casts each weight once and keeps the copy to the end of the autocast block (the
+    Trainer's and the benchmark's backward runs inside it), and each layer's backward needs it:
+    2 bytes a weight through the whole step. 0 in fp32."""
+    return 2 * trained if bytes_per_value == 2 else 0
 
 
 def model_state_bytes(model: torch.nn.Module) -> int:
@@ -382,7 +441,7 @@ def check_training_memory(
     info = info or hardware.device_info()
     cuda = info.is_cuda
     scores = keeps_attention_scores(attention, cuda)
-    estimate = estimate_step_bytes(model, step, bytes_per_value(precision, cuda), scores)
+    estimate = estimate_step_bytes(model, step, bytes_per_value(precision, cuda), scores, cuda)
     limits = memory_limits(info, mem_mb, None if cuda else machine_bytes())
     log.info(
         "estimated peak memory of a training step: %d MB (%s)",
