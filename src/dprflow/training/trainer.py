@@ -6,6 +6,11 @@ accumulation, gradient checkpointing, clipping, batches built in DataLoader work
 (:mod:`.batches`), a per-step log (``train_log.csv`` and TensorBoard events, :mod:`.tracking`),
 resumable checkpoints (:mod:`.checkpoints`) and the finished-model store (:mod:`.store`).
 
+A graceful stop. SIGTERM (what Slurm sends at a job's time limit, a grace period before its kill)
+or SIGUSR1 (``sbatch --signal``) only records that a stop was asked (:class:`StopRequest`); at the
+next step boundary the stage saves a checkpoint of that step and exits with its error code (1),
+saying so: the rerun resumes from that step instead of the last ``checkpoint_every`` one.
+
 Determinism and resume. Batches are a pure function of ``(seed, epoch, step)``: the order of the
 training queries in an epoch comes from ``seed + epoch``, and each batch's sampling from a
 generator seeded by ``(seed, global step)``. A rerun that finds a checkpoint of the same identity
@@ -22,6 +27,7 @@ import math
 import os
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -33,10 +39,11 @@ import torch
 
 from dprflow import device as hardware
 from dprflow import provenance
+from dprflow.cli import StageError
 from dprflow.progress import format_seconds
 from dprflow.training import distributed, memory, steps
 from dprflow.training.batches import StepBatches, count_tokens, split_rows, step_loader
-from dprflow.training.checkpoints import Checkpoints, state_bytes
+from dprflow.training.checkpoints import CHECKPOINT_PREFIX, Checkpoints, state_bytes
 from dprflow.training.devices import (
     autocast_context,
     compile_transformers,
@@ -69,6 +76,46 @@ log = logging.getLogger(__name__)
 
 # Tests set this to a step number to have the process killed (SIGKILL) right after that step.
 KILL_ENV = "DPRFLOW_KILL_AFTER_STEP"
+
+# The signals that ask a training stage to stop at the next step boundary: Slurm's SIGTERM before
+# its kill at the time limit, and the SIGUSR1 that `sbatch --signal=USR1@<seconds>` sends earlier.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopRequest:
+    """While entered, :data:`STOP_SIGNALS` only record that a stop was asked (``signum``, 0 while
+    none was); the handlers they had before are put back on exit. Python lets only the main thread
+    install handlers: in another thread this changes nothing and ``signum`` stays 0."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.signal(sig, self._record) for sig in STOP_SIGNALS}
+        return self
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            # None: a handler installed outside Python, which cannot be put back; the default then.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        self.previous = {}
+
+
+class StoppedBySignal(StageError):
+    """The run stopped on a signal after writing a checkpoint at ``step``: an error of the stage,
+    so the job fails (exit code 1) without an output or a provenance record, and a rerun resumes."""
+
+    def __init__(self, signum: int, step: int, steps: int, checkpoint: Path) -> None:
+        self.signum, self.step = signum, step
+        super().__init__(
+            f"stopped on signal {signal.Signals(signum).name} ({signum}) at step {step} of {steps}: "
+            f"checkpoint {checkpoint} written; rerun the job to resume from step {step}"
+        )
 
 
 class Trainer:
@@ -158,11 +205,15 @@ class Trainer:
         self.optimizer = adamw(self.model, args, fused=use_fused_adamw(info, args.fused_adamw))
         self.scheduler = linear_schedule(self.optimizer, self.schedule_steps, args.warmup_ratio)
         self.precision, self.autocast, self.scaler = autocast_context(self.dist.device, args.precision, info)
-        self.ddp_model = self.model
+        self.ddp_model, self.stop_group = self.model, None
         if self.dist.world_size > 1:
             self.ddp_model = torch.nn.parallel.DistributedDataParallel(
                 self.model, device_ids=ddp_device_ids(self.dist.device)
             )
+            # The ranks' stop requests are combined on the CPU (gloo), so the check after each
+            # step never waits for the GPU; with NCCL that needs a gloo group of its own.
+            if torch.distributed.get_backend() != "gloo":
+                self.stop_group = torch.distributed.new_group(backend="gloo")
         self._log_device()
 
     def _log_device(self) -> None:
@@ -219,7 +270,7 @@ class Trainer:
         pinned = pin_memory(self.device_info)
         loader = step_loader(self.batches, start, self.steps, self.args.num_workers, pin_memory=pinned)
         self.t0, self.tokens, step_start = time.time(), 0, time.perf_counter()
-        try:
+        with StopRequest() as stop_request, contextlib.closing(events):
             for step, batch in zip(range(start, self.steps), loader, strict=True):
                 step_tokens = count_tokens(batch)  # on the host, before the copy: no device sync
                 batch = to_device(batch, self.dist.device)
@@ -231,15 +282,19 @@ class Trainer:
                 rows = step_log.add(step + 1, lr, self._mean_over_ranks(out), step_tokens, now - step_start)
                 self._report(rows, start)
                 step_start = now
-                if (step + 1) % self.args.checkpoint_every == 0 and step + 1 < self.steps:
+                last = step + 1 == self.steps
+                # A stop signal asks for a checkpoint of this step and an exit; the last step just ends.
+                stop = 0 if last else self._stop_signal(stop_request)
+                if not last and (stop or (step + 1) % self.args.checkpoint_every == 0):
                     self._report(step_log.flush(), start)
                     self._save_checkpoint(step + 1, history, log_path)
+                if stop:
+                    ckpt = self.checkpoint_dir / f"{CHECKPOINT_PREFIX}{step + 1}"
+                    raise StoppedBySignal(stop, step + 1, self.steps, ckpt)
                 if os.environ.get(KILL_ENV) == str(step + 1):
                     # Fault injection for the resume tests: die like `kill -9`, with no clean-up.
                     os.kill(os.getpid(), signal.SIGKILL)
             self._report(step_log.flush(), start)
-        finally:
-            events.close()
         if self.dist.is_main:
             write_log(history, log_path)
         return history
@@ -303,6 +358,16 @@ class Trainer:
         torch.distributed.all_reduce(values)
         values /= self.dist.world_size
         return dict(zip(keys, values, strict=True))
+
+    def _stop_signal(self, request: StopRequest) -> int:
+        """The signal that asked this run to stop (0: none), the same on every process: with
+        several, a signal any of them got stops them all after the same step (an ``all_reduce``
+        MAX of the signal numbers, one integer on the CPU); one process runs no collective."""
+        if self.dist.world_size == 1:
+            return request.signum
+        flag = torch.tensor([request.signum], dtype=torch.int32)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self.stop_group)
+        return int(flag.item())
 
     def _report(self, rows: list[dict], start: int) -> None:
         """The progress line every 10 steps and at the last, from the rows just read back."""
