@@ -6,6 +6,7 @@
 # leaves params that take `input` out of its params-changed rerun trigger (snakemake issue 3895),
 # so a changed setting would not rerun the job. They rebuild the input paths they name instead.
 
+import copy
 import json
 import os
 import re
@@ -288,11 +289,22 @@ def precision_flag():
     return f"--precision {q(config['precision'])}"
 
 
+# Settings that decide how a job runs, not what it writes: resources of the rules, never params,
+# and left out of the config the report records, so that changing one reruns no job (how batches
+# are built, how often state is saved or the loss read, the BM25 JVM's heap).
+RESOURCE_SETTINGS = (
+    "finetune.checkpoint_every",
+    "training.num_workers",
+    "training.log_every",
+    "bm25.heap_mb",
+)
+
+
 def training_flags():
     """Flags every training stage takes: the precision and the config's training section
-    (num_workers, checkpoint_every and log_every are resources of the rules: they change how
-    batches are built, how often state is saved or the loss read, not what is trained, so changing
-    one must not rerun the job)."""
+    (num_workers, checkpoint_every and log_every are resources of the rules, RESOURCE_SETTINGS:
+    they change how batches are built, how often state is saved or the loss read, not what is
+    trained, so changing one must not rerun the job)."""
     keys = ["gradient_accumulation_steps", "gradient_checkpointing", "max_grad_norm", "fused_adamw", "tf32"]
     keys += ["compile", "attention", "chunk_from_memory", "pad_to_multiple_of", "pretokenize"]
     return f"{precision_flag()} {train_flags(config['training'], keys)}"

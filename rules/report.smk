@@ -55,7 +55,16 @@ def training_model_dirs():
 
 
 def config_json():
-    return json.dumps(config, sort_keys=True)
+    """The config the report records, less RESOURCE_SETTINGS: they change no result, and a
+    param of this rule would rerun it (the report) when one changed."""
+    recorded = copy.deepcopy(config)
+    for key in RESOURCE_SETTINGS:
+        *sections, name = key.split(".")
+        node = recorded
+        for section in sections:
+            node = node.get(section, {})
+        node.pop(name, None)
+    return json.dumps(recorded, sort_keys=True)
 
 
 def expected_metrics_file(wildcards):

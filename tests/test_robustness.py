@@ -464,12 +464,12 @@ def _variant(workdir: Path, config: dict, name: str, **finetune) -> Path:
     return path
 
 
-def test_checkpoint_interval_and_threads_retrain_nothing(finished_tiny_results):
+def test_checkpoint_interval_and_threads_rerun_no_job(finished_tiny_results):
+    """Issue 41 item 4g: a finetune.checkpoint_every change reran report_results (the whole config
+    was its param), where docs/failures.md says it reruns no job; the report's config leaves out
+    the settings that decide only how jobs run (common.smk's RESOURCE_SETTINGS)."""
     workdir, config = finished_tiny_results
-    trained = ("pretrain_", "train_")
-    jobs = planned_jobs(workdir, _variant(workdir, config, "every", checkpoint_every=50))
-    assert not [r for r in jobs if r.startswith(trained)], jobs
-    assert set(jobs) <= {"report_results", "all"}  # the report shows the config it ran with
+    assert planned_jobs(workdir, _variant(workdir, config, "every", checkpoint_every=50)) == {}
     threads = planned_jobs(
         workdir, workdir / "base.yaml", "--set-threads", "train_retriever=2", "pretrain_corpus=2"
     )
@@ -481,9 +481,9 @@ def test_checkpoint_interval_and_threads_retrain_nothing(finished_tiny_results):
     workers = copy.deepcopy(config)
     workers.setdefault("training", {})["num_workers"] = 2  # builds the same batches (test_training_scale)
     workers["training"]["log_every"] = 3  # how often the loss is read back, not what is trained
+    workers.setdefault("bm25", {})["heap_mb"] = 1024  # the JVM's memory, not what it writes
     (workdir / "workers.yaml").write_text(yaml.safe_dump(workers))
-    jobs = planned_jobs(workdir, workdir / "workers.yaml")
-    assert not [r for r in jobs if r.startswith(trained)], jobs
+    assert planned_jobs(workdir, workdir / "workers.yaml") == {}
     # A setting of what is trained does retrain (the check above can fail).
     jobs = planned_jobs(
         workdir,
