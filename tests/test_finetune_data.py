@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import signal
 import tempfile
 from pathlib import Path
 
@@ -185,8 +186,11 @@ def test_passage_texts_are_read_back_from_disk_in_any_process(tmp_path):
     assert want["a"] == "Été [SEP] premier passage" and want["b"] == "second ☃"
     again = pickle.loads(pickle.dumps(texts))  # a DataLoader worker started by spawn
     assert [again[i] for i in range(3)] == [want[k] for k in "abc"]
-    with multiprocessing.get_context("fork").Pool(1) as pool:  # one started by fork
-        assert pool.map(texts.__getitem__, [1, 0]) == [want["b"], want["a"]]
+    # One started by fork. Its worker takes SIGTERM's default action whatever handler this test
+    # process holds (Pool.__exit__ terminates with SIGTERM, then joins), and the wait is bounded.
+    fork = multiprocessing.get_context("fork")
+    with fork.Pool(1, initializer=signal.signal, initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
+        assert pool.map_async(texts.__getitem__, [1, 0]).get(timeout=600) == [want["b"], want["a"]]
     write_table(passages.assign(passage_id=["a", "b", "a"]), tmp_path / "twice.parquet", "passages")
     with pytest.raises(StageError, match="twice.parquet: passage id 'a' is on more than one row"):
         PassageTexts.write(tmp_path / "twice.parquet", tmp_path / "texts2", "[SEP]")
