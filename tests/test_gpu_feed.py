@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import save_tiny_bert
-from test_gpu_path import H100
-from test_training import argv, same_weights, train_data  # noqa: F401 (a fixture)
+from gpu_cards import H100
+from training_helpers import argv, same_weights
 
 from dprflow.device import CPU
 from dprflow.finetuning.pretokenized import (
@@ -95,7 +95,7 @@ def tiny_init(tmp_path_factory):
 
 
 @pytest.mark.parametrize("stage", [train_retriever, train_reranker], ids=["retriever", "reranker"])
-def test_pretokenized_batches_train_the_same_weights(train_data, tiny_init, stage, caplog):  # noqa: F811
+def test_pretokenized_batches_train_the_same_weights(train_data, tiny_init, stage, caplog):
     import logging
 
     with caplog.at_level(logging.INFO):

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 import torch
 from conftest import save_tiny_bert
-from test_training import argv, train_data  # noqa: F401 (a fixture)
+from gpu_cards import H100, V100
+from training_helpers import argv
 
 from dprflow import device as hardware
 from dprflow.device import CPU, DeviceInfo, choose_device, native_bf16
@@ -39,10 +40,6 @@ from dprflow.training.memory import (
     model_state_bytes,
     row_activation_bytes,
 )
-
-# torch.cuda.get_device_properties of the real cards (bytes as torch reports them).
-H100 = DeviceInfo("cuda", 0, "NVIDIA H100 80GB HBM3", 85_029_158_912, bf16=True, capability=(9, 0))
-V100 = DeviceInfo("cuda", 0, "Tesla V100-SXM2-16GB", 16_935_682_048, bf16=False, capability=(7, 0))
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +136,7 @@ def tf32_flags():
 
 @pytest.mark.usefixtures("tf32_flags")
 @pytest.mark.parametrize("gpu", [H100, V100], ids=["h100-bf16", "v100-fp16"])
-def test_a_training_stage_runs_the_gpu_path_on_a_cpu(train_data, tiny_init, gpu, monkeypatch, caplog):  # noqa: F811
+def test_a_training_stage_runs_the_gpu_path_on_a_cpu(train_data, tiny_init, gpu, monkeypatch, caplog):
     """train_retriever with the gradient cache, told it runs on ``gpu``: mixed precision (CPU
     autocast), fused AdamW, the gradient-cache budget from the GPU's memory, the memory check's GPU
     branch; killed after step 3 and resumed (the fp16 loss scaler's state with it). On 4330655

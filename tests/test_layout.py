@@ -106,3 +106,27 @@ def test_links_between_the_pages_resolve():
         for target in LINK.findall(page.read_text()):
             if "://" not in target:
                 assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links to missing {target}"
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_no_test_file_imports_another():
+    """What test files share lives in conftest.py (fixtures) and helper modules (plain functions,
+    not named test_*.py), never in another test file (issue 42): a fixture imported from a test
+    file is registered again in the importing one (a module-scoped one built again there) behind a
+    `# noqa: F401/F811`, and the importing file then breaks when the other is split or renamed."""
+    test_modules = {p.stem for p in TESTS.glob("test_*.py")}
+    offenders = {}
+    for path in sorted(TESTS.glob("test_*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        imported = sorted(n for n in names if set(n.split(".")) & test_modules)
+        if imported:
+            offenders[path.name] = imported
+    assert len(test_modules) > 50
+    assert offenders == {}

@@ -1,5 +1,6 @@
 """The masked auto-encoder stages on a tiny random BERT: n-gram counting in shards (pmi_count, pmi),
-BMAE/CDMAE/CoT-MAE batches (dprflow.pretraining.mae.data), both pre-training phases, resume after a kill."""
+BMAE/CDMAE/CoT-MAE batches (dprflow.pretraining.mae.data), both pre-training phases, resume after a kill,
+gradient accumulation."""
 
 from __future__ import annotations
 
@@ -317,3 +318,13 @@ def test_mae_stage_resumes_after_a_kill(tiny_init, passages, stats, tmp_path):
     kill_then_resume("pretrain_mae", mae_args("cdmae", tiny_init, resumed, passages, stats))
     a, b = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# Gradient accumulation through a pre-training stage whose batches carry a batch-level value
+# (CoT-MAE's count of context fallbacks, a 0-dim tensor): the stage runs and logs it.
+def test_cotmae_with_gradient_accumulation(tiny_init, passages, tmp_path):
+    out = tmp_path / "acc"
+    args = mae_args("cotmae", tiny_init, out, passages, gradient_accumulation_steps=2, max_steps=2)
+    assert pretrain_mae.main(args) == 0
+    log = pd.read_csv(out / "train_log.csv")
+    assert list(log["step"]) == [1, 2] and (log["loss"] > 0).all() and {"enc_mlm", "dec_mlm"} <= set(log)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import save_tiny_bert
-from test_preset_figures import planned_jobs
+from preset_figures import planned_jobs
 from transformers import BertConfig, BertModel, ElectraConfig
 
 from dprflow.cli import parse_args

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from local_inputs import beir_folder
 from snakemake_cli import snakemake as run_snakemake
-from test_robustness import beir_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))

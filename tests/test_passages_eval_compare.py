@@ -19,6 +19,7 @@ from dprflow.data.passages import (
     split_documents_reference,
     split_sentences,
 )
+from dprflow.data.schemas import write_table
 from dprflow.evaluation.compare import build_comparison, holm, paired_randomization, to_markdown
 from dprflow.evaluation.metrics import evaluate_run, passage_run_to_doc_run
 from dprflow.search.runs import negatives_from_run, positive_passages
@@ -631,3 +632,34 @@ def test_transferred_rows_get_a_column_group_per_collection_and_a_mean(tmp_path)
     assert reordered.splitlines()[0].startswith(
         "| system | cisi (trained on cranfield) nDCG@10 | cranfield (trained on"
     )
+
+
+# The comparison says which split was scored, on how many queries (issue 18).
+def test_comparison_states_the_split_and_the_number_of_queries(tmp_path):
+    from dprflow.evaluation import report
+    from dprflow.stages import compare
+
+    results = tmp_path / "results"
+    files = []
+    for system, values in {"bm25": [0.0, 1.0, 0.5], "none/seed-13/r1": [0.5, 1.0, 1.0]}.items():
+        (results / "c" / system).mkdir(parents=True)
+        table = pd.DataFrame({"query_id": ["q1", "q2", "q3"], "metric": "RR@10", "value": values})
+        write_table(table, results / "c" / system / "metrics.parquet", "metrics")
+        files.append(str(results / "c" / system / "metrics.parquet"))
+    md, csv = results / "compare.md", results / "compare.csv"
+    argv = ["--metrics-files", *files, "--results-dir", str(results), "--metrics", "RR@10"]
+    argv += ["--out-md", str(md), "--out-csv", str(csv), "--splits", "c=test"]
+    assert compare.main(argv) == 0
+    assert "Queries scored: c: 3 queries of split 'test'." in md.read_text()
+    table = pd.read_csv(csv)
+    assert table["split"].tolist() == ["test", "test"] and table["n_queries"].tolist() == [3, 3]
+    assert not table["training_queries"].any()
+    page = report.comparison_page(md.read_text(), results, table)
+    assert (
+        "Queries scored: c: 3 queries of split &#x27;test&#x27;." in page
+        or "3 queries of split 'test'" in page
+    )
+    # Scoring the training queries on purpose: every output says so.
+    assert compare.main([*argv[:-1], "c=train", "--trained-on", "c"]) == 0
+    assert "split 'train' (the training queries" in md.read_text()
+    assert pd.read_csv(csv)["training_queries"].all()

@@ -1,5 +1,5 @@
 """The derived-figures check catches what changes an experiment: each key below, edited in a copy
-of a preset, makes :func:`tests.test_preset_figures.wrong_figures` report the quantities it
+of a preset, makes :func:`preset_figures.wrong_figures` report the quantities it
 changes (and only keys that change the experiment are listed: a memory setting such as a
 non-zero ``chunk_size`` below the batch must keep passing).
 """
@@ -7,14 +7,11 @@ non-zero ``chunk_size`` below the batch must keep passing).
 from __future__ import annotations
 
 import copy
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_preset_figures import ROOT, planned_jobs, wrong_figures  # noqa: E402
+from preset_figures import ROOT, planned_jobs, wrong_figures
 
 PRESETS = ROOT / "config" / "presets"
 
@@ -34,7 +31,7 @@ MUTATIONS = [
     ("msmarco-cocondenser", "bm25.negatives_depth", 10, ["cocondenser retriever 1 / bm25_depth"]),
     ("msmarco-cocondenser", "finetune.distill.candidates", 20, ["cocondenser distillation / candidates"]),
     # 256, not the issue's 32: below passages.max_tokens (144) the DAG build refuses it before any
-    # figure is derived (tests/test_robustness.py, passages longer than the encoder reads).
+    # figure is derived (tests/test_config_checks.py, passages longer than the encoder reads).
     ("msmarco-cocondenser", "finetune.max_passage_length", 256, ["cocondenser retriever 1 / max_passage_length"]),
     ("msmarco-cdmae", "pretrain.mae.sigma", 5.0, ["cdmae corpus stage / sigma"]),
     ("msmarco-cdmae", "pretrain.pmi.max_n", 2, ["pmi / max_n"]),

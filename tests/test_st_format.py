@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from test_training import argv, tiny_init, train_data  # noqa: F401 (fixtures)
+from training_helpers import argv
 
 from dprflow.data.schemas import read_table, write_table
 from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer
@@ -50,7 +50,7 @@ def test_packaged_minilm_is_used_as_shipped():
     assert (plain.pooling, plain.similarity, plain.temperature) == ("cls", "dot", 1.0)
 
 
-def test_plain_bert_uses_cls_and_dot(tiny_init):  # noqa: F811
+def test_plain_bert_uses_cls_and_dot(tiny_init):
     assert read_st_settings(tiny_init) is None
     model = BiEncoder.from_pretrained(tiny_init)
     assert (model.pooling, model.similarity, model.temperature) == ("cls", "dot", 1.0)
@@ -138,7 +138,7 @@ def with_titles(data: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("pooling, similarity", [("cls", "dot"), ("mean", "cosine")])
-def test_trained_retriever_is_a_sentence_transformers_model(train_data, tiny_init, pooling, similarity):  # noqa: F811
+def test_trained_retriever_is_a_sentence_transformers_model(train_data, tiny_init, pooling, similarity):
     """Used as its card says (title [SEP] text for passages, max_seq_length set to the query length
     for queries), SentenceTransformer gives the encode and search stages' embeddings and ranking."""
     queries = with_titles(train_data)
@@ -189,7 +189,7 @@ def test_trained_retriever_is_a_sentence_transformers_model(train_data, tiny_ini
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
-def test_trained_reranker_loads_with_cross_encoder(tmp_path, tiny_init, pooling):  # noqa: F811
+def test_trained_reranker_loads_with_cross_encoder(tmp_path, tiny_init, pooling):
     """Used as its card says (title [SEP] text), CrossEncoder(path) cuts pairs at the stage's
     max_length and gives the rerank stage's scores and order; the card names what it started from."""
     from transformers import AutoModelForSequenceClassification
@@ -314,7 +314,7 @@ def test_the_comparison_says_how_each_row_scored(tmp_path):
 
 
 @pytest.mark.parametrize("kind, pooling", [("condenser", "cls"), ("contriever", "mean")])
-def test_pretrained_encoders_load_with_the_pooling_they_are_used_with(tmp_path, tiny_init, kind, pooling):  # noqa: F811
+def test_pretrained_encoders_load_with_the_pooling_they_are_used_with(tmp_path, tiny_init, kind, pooling):
     """A pre-training output is a sentence-transformers folder in its geometry (Condenser: [CLS],
     Contriever: the mean; the dot product) with a card: SentenceTransformer(path) embeds as the
     fine-tuning and zeroshot rows do."""
@@ -336,7 +336,7 @@ def test_pretrained_encoders_load_with_the_pooling_they_are_used_with(tmp_path, 
     assert {"condenser": "Condenser (Gao", "contriever": "Contriever (Izacard"}[kind] in card
 
 
-def test_faiss_export_tells_pyserini_how_to_embed_queries(train_data, tiny_init):  # noqa: F811
+def test_faiss_export_tells_pyserini_how_to_embed_queries(train_data, tiny_init):
     """The faiss folder's query_encoder.json, used as pyserini's AutoQueryEncoder uses its
     arguments (AutoModel, pooling over the tokens, optional L2 norm, max_length), gives the row's
     search hits on a mean-pooled cosine row, where pyserini's defaults (cls, no norm) do not."""
@@ -420,7 +420,7 @@ def test_faiss_export_tells_pyserini_how_to_embed_queries(train_data, tiny_init)
     assert wrong > 0  # pyserini's defaults would not give the row's hits
 
 
-def test_export_model_writes_the_comparison_s_metrics_into_the_card(train_data, tiny_init):  # noqa: F811
+def test_export_model_writes_the_comparison_s_metrics_into_the_card(train_data, tiny_init):
     """After the comparison, hub/ holds copies of the model's files and a card whose model-index
     has the row's metrics from compare.csv; the model folder itself is untouched, also when a file
     of hub/ is overwritten in place (issue 34: hard links made that the workflow's model)."""

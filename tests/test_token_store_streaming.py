@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from test_token_store import SEED, assert_same_batches, data, reference_cotmae_texts, tok  # noqa: F401
+from token_store_helpers import SEED, assert_same_batches, reference_cotmae_texts
 
 from dprflow.cli import StageError
 from dprflow.data.schemas import read_table, write_table
@@ -20,7 +20,7 @@ from dprflow.pretraining.mae.data import cotmae_documents, mae_batch, pair_mae_b
 from dprflow.pretraining.query_as_context import pairs as query_context
 
 
-def test_cotmae_spans_cut_in_blocks_and_memory_mapped(data, tok, tmp_path):  # noqa: F811
+def test_cotmae_spans_cut_in_blocks_and_memory_mapped(data, tok, tmp_path):
     path = data / "passages.parquet"
     old, old_counts = cotmae_documents(
         reference_cotmae_texts(path), tok, np.random.default_rng([SEED, 2]), 4, 16
@@ -42,7 +42,7 @@ def test_cotmae_spans_cut_in_blocks_and_memory_mapped(data, tok, tmp_path):  # n
 
 
 @pytest.fixture
-def shuffled_queries(data, tmp_path):  # noqa: F811
+def shuffled_queries(data, tmp_path):
     """The generated queries in another row order than (passage, query_index)."""
     table = read_table(data / "generated_queries.parquet", "generated_queries")
     shuffled = table.sample(frac=1.0, random_state=3).reset_index(drop=True)
@@ -53,7 +53,7 @@ def shuffled_queries(data, tmp_path):  # noqa: F811
 
 
 @pytest.mark.parametrize("order", ["table", "shuffled"])
-def test_query_as_context_queries_come_from_a_token_store(data, tok, tmp_path, shuffled_queries, order):  # noqa: F811
+def test_query_as_context_queries_come_from_a_token_store(data, tok, tmp_path, shuffled_queries, order):
     queries = data / "generated_queries.parquet" if order == "table" else shuffled_queries
     args = (str(data / "passages.parquet"), str(queries), tok, 12, 6)
     old, old_counts = query_context.read_items(*args)
@@ -87,7 +87,7 @@ def qac_batches(tokenizer, kind):
     return make
 
 
-def test_query_as_context_store_path_names_unknown_passages(data, tok, tmp_path):  # noqa: F811
+def test_query_as_context_store_path_names_unknown_passages(data, tok, tmp_path):
     table = read_table(data / "generated_queries.parquet", "generated_queries")
     extra = pd.DataFrame(
         [("nope#0", 0, "a query"), ("nope#1", 1, "another"), ("nope#0", 2, "again")],
@@ -109,7 +109,7 @@ def test_id_index_finds_rows_and_only_known_ids():
     assert query_context.IdIndex(pa.array([], pa.string())).rows(pa.array(["a"])).tolist() == [-1]
 
 
-def test_writer_extend_writes_what_add_writes(tok, tmp_path):  # noqa: F811
+def test_writer_extend_writes_what_add_writes(tok, tmp_path):
     docs = [[5, 6, 7], [], [9, 65535], [1]]
     with TokenStoreWriter(tmp_path / "one", tok, "texts") as one:
         for ids in docs:

@@ -14,96 +14,14 @@ import pandas as pd
 import pytest
 import torch
 from conftest import save_tiny_bert
-from safetensors.torch import load_file
 from stage_process import run_stage
+from training_helpers import argv, same_weights, weights
 
 from dprflow.data.schemas import write_table
 from dprflow.stages import train_retriever
 from dprflow.training.store import code_record
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tiny_init(tmp_path_factory):
-    """A 2-layer BERT with random weights and the packaged MiniLM tokenizer."""
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
-
-
-@pytest.fixture
-def train_data(tmp_path):
-    """12 training queries over 24 passages, a negative pool per query."""
-    n = 12
-    passages = pd.DataFrame(
-        {
-            "passage_id": [f"d{i}#0" for i in range(2 * n)],
-            "doc_id": [f"d{i}" for i in range(2 * n)],
-            "position": 0,
-            "title": "",
-            "text": [f"passage number {i} about topic {i % 5}" for i in range(2 * n)],
-            "n_tokens": 6,
-        }
-    )
-    queries = pd.DataFrame(
-        {"query_id": [f"q{i}" for i in range(n)], "text": [f"topic {i}" for i in range(n)], "split": "train"}
-    )
-    qrels = pd.DataFrame(
-        {"query_id": queries["query_id"], "doc_id": [f"d{i}" for i in range(n)], "relevance": 1}
-    )
-    rows = [
-        (f"q{i}", f"d{j}#0", float(-j), r + 1)
-        for i in range(n)
-        for r, j in enumerate(x for x in range(n, 2 * n))
-    ]
-    negatives = pd.DataFrame(rows, columns=["query_id", "passage_id", "score", "rank"])
-    write_table(passages, tmp_path / "passages.parquet", "passages")
-    write_table(queries, tmp_path / "queries.parquet", "queries")
-    write_table(qrels, tmp_path / "qrels.parquet", "qrels")
-    write_table(negatives, tmp_path / "negatives.parquet", "negatives")
-    return tmp_path
-
-
-def argv(data: Path, init: Path, out: str, **extra) -> list[str]:
-    args = [
-        "--init",
-        str(init),
-        "--queries",
-        str(data / "queries.parquet"),
-        "--qrels",
-        str(data / "qrels.parquet"),
-        "--passages",
-        str(data / "passages.parquet"),
-        "--negatives",
-        str(data / "negatives.parquet"),
-        "--out",
-        str(data / out),
-        "--checkpoint-dir",
-        str(data / f"{out}.ckpt"),
-        "--batch-size",
-        "4",
-        "--group-size",
-        "3",
-        "--epochs",
-        "2",
-        "--checkpoint-every",
-        "2",
-        "--learning-rate",
-        "1e-3",
-        "--threads",
-        "1",
-    ]
-    for key, value in extra.items():
-        args += ["--" + key.replace("_", "-"), str(value)]
-    return args
-
-
-def weights(folder: Path) -> dict[str, torch.Tensor]:
-    return load_file(folder / "model.safetensors")
-
-
-def same_weights(a: Path, b: Path) -> bool:
-    wa, wb = weights(a), weights(b)
-    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_same_seed_same_weights_and_training_changes_them(train_data, tiny_init):

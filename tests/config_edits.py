@@ -1,0 +1,42 @@
+"""The default config edited one key at a time and checked as the DAG build checks it
+(:func:`dprflow.config.validate_config`): what tests/test_config_checks.py and
+tests/test_planned_jobs.py use to say which message an edit gets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = ROOT / "config" / "schema.yaml"
+
+
+def default_config() -> dict:
+    import yaml
+
+    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+
+
+def config_problems(edit) -> str:
+    """The ConfigError message of the default config after ``edit(config)`` ('' when valid)."""
+    from dprflow.config import ConfigError, validate_config
+
+    config = default_config()
+    edit(config)
+    try:
+        validate_config(config, SCHEMA)
+    except ConfigError as exc:
+        return str(exc)
+    return ""
+
+
+def set_key(path: str, value):
+    """An edit that sets the dotted key ``path`` (``finetune.max_passage_length``) to ``value``."""
+
+    def edit(config):
+        *parents, last = path.split(".")
+        node = config
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+
+    return edit
