@@ -11,6 +11,7 @@ min_version("8.20")
 # The library (config checking here; the stage modules in every job) lives in src/.
 sys.path.insert(0, f"{workflow.basedir}/src")
 from dprflow.config import check_baseline, read_config_file, reference_models, validate_config
+from dprflow.provenance import refuse_changed
 
 # The default config, unless the command line names its own (--configfile replaces it whole, so a
 # config file for another collection does not inherit the default collection).
@@ -39,6 +40,11 @@ include: "rules/retriever.smk"
 include: "rules/reranker.smk"
 include: "rules/evaluation.smk"
 include: "rules/report.smk"
+
+# The exports no job reads (hub folders, faiss indexes) are checked against their provenance
+# before planning: one changed or emptied by hand since its stage wrote it is refused by name, as
+# every stage refuses such an input (dprflow.provenance.cached_sha256).
+refuse_changed(hub_folders() + faiss_index_dirs())
 
 
 # Bookkeeping rules run where Snakemake runs, not as cluster jobs.

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from dprflow import provenance
 from dprflow.data.schemas import write_table
@@ -69,7 +70,7 @@ def test_output_arguments_are_named_by_convention():
     assert not any(map(provenance.is_output_arg, ["outer", "init", "checkpoint_dir", "passages"]))
 
 
-def test_a_stage_reuses_the_hash_recorded_beside_its_input_and_rehashes_a_changed_one(tmp_path, monkeypatch):
+def test_a_stage_reuses_the_hash_recorded_beside_its_input_and_refuses_a_changed_one(tmp_path, monkeypatch):
     passages = passages_table(tmp_path / "passages.parquet")
     counts = tmp_path / "counts.parquet"
     assert pmi_count.main(["--corpus", "passages", "--corpus-path", str(passages), "--out", str(counts)]) == 0
@@ -91,11 +92,16 @@ def test_a_stage_reuses_the_hash_recorded_beside_its_input_and_rehashes_a_change
     hashed.clear()
     os.utime(counts, ns=(0, 0))  # same content, other mtime: hashed again, same value
     assert provenance.cached_sha256(counts) == (truth, False) and hashed == [str(counts)]
-    counts.write_bytes(counts.read_bytes() + b"x")  # other content
-    assert provenance.cached_sha256(counts) == (hashlib.sha256(counts.read_bytes()).hexdigest(), False)
+    counts.write_bytes(counts.read_bytes() + b"x")  # other content: refused, with its stage named
+    with pytest.raises(
+        provenance.ChangedArtifactError, match=r"counts.parquet: changed since the 'pmi_count'"
+    ):
+        provenance.cached_sha256(counts)
+    assert pmi.main(["--counts", str(counts), "--out", str(tmp_path / "again.parquet")]) == 1
+    assert not (tmp_path / "again.parquet").exists()
 
 
-def test_a_folder_hash_is_reused_until_a_file_in_it_changes(tmp_path):
+def test_a_folder_hash_is_reused_until_a_file_in_it_changes_and_then_refused(tmp_path):
     folder = tmp_path / "model"
     (folder / "sub").mkdir(parents=True)
     (folder / "a.bin").write_bytes(b"weights")
@@ -107,13 +113,19 @@ def test_a_folder_hash_is_reused_until_a_file_in_it_changes(tmp_path):
     # A record of a wrong hash with a matching stat is trusted: proof that no content was read.
     provenance.record_path(folder).write_text(json.dumps({"artifact": {**entry, "sha256": "f" * 64}}))
     assert provenance.cached_sha256(folder) == ("f" * 64, True)
-    (folder / "sub" / "c.txt").write_text("new")  # a new file: hashed again
-    assert provenance.cached_sha256(folder) == (provenance.sha256_of(folder), False)
+    provenance.record_path(folder).write_text(json.dumps({"artifact": entry, "stage": "train_retriever"}))
+    os.utime(folder / "a.bin", ns=(1, 1))  # same content, new mtime: hashed again, accepted
+    assert provenance.cached_sha256(folder) == (entry["sha256"], False)
+    (folder / "sub" / "c.txt").write_text("new")  # a new file: hashed again, refused
+    with pytest.raises(provenance.ChangedArtifactError, match="model: changed since the 'train_retriever'"):
+        provenance.cached_sha256(folder)
     (folder / "sub" / "c.txt").unlink()
-    (folder / "a.bin").write_bytes(b"weightz")  # same size, new mtime and content: hashed again
-    os.utime(folder / "a.bin", ns=(1, 1))
-    sha, reused = provenance.cached_sha256(folder)
-    assert not reused and sha == provenance.sha256_of(folder) != entry["sha256"]
+    (folder / "a.bin").write_bytes(b"weightz")  # same size, new mtime and content: refused
+    with pytest.raises(provenance.ChangedArtifactError, match="its bytes differ from those recorded"):
+        provenance.cached_sha256(folder)
+    (folder / "a.bin").unlink()  # a file gone: named
+    assert "missing a.bin" in provenance.changed_since_written(folder)
+    assert provenance.changed_since_written(tmp_path / "nowhere") == f"{tmp_path / 'nowhere'} is missing"
 
 
 def test_after_snakemake_touches_an_output_one_job_hashes_it_and_the_next_reuse_that(tmp_path, monkeypatch):

@@ -119,12 +119,22 @@ def stat_of(path: str | os.PathLike) -> dict[str, Any]:
     return {"size": size, "files": len(files), "stat": digest.hexdigest()}
 
 
+MAX_NAMES = 1000  # a folder's file names kept in its record, to name the ones that go missing
+
+
 def artifact_entry(path: str | os.PathLike) -> dict[str, Any] | None:
-    """``{"sha256", "size", "files", "stat"}`` of an output, for its record; None when it changed
-    while being hashed (then nothing is stored and readers hash it themselves)."""
+    """``{"sha256", "size", "files", "stat"}`` of an output, for its record, and for a folder of
+    at most :data:`MAX_NAMES` files their relative paths (``names``); None when it changed while
+    being hashed (then nothing is stored and readers hash it themselves)."""
+    path = Path(path)
     before = stat_of(path)
     sha = sha256_of(path)
-    return {"sha256": sha, **before} if stat_of(path) == before else None
+    if stat_of(path) != before:
+        return None
+    entry = {"sha256": sha, **before}
+    if path.is_dir() and before["files"] <= MAX_NAMES:
+        entry["names"] = [str(p.relative_to(path)) for p in _folder_files(path)]
+    return entry
 
 
 def _stored(file: Path, key: str | None) -> dict[str, Any] | None:
@@ -161,18 +171,20 @@ def cached_sha256(path: str | os.PathLike) -> tuple[str, bool]:
         now = stat_of(path)
         if memo[0] == now:
             return memo[1], True
-    for stored in (_stored(record_path(path), "artifact"), _stored(hash_cache_path(path), None)):
+    produced = _stored(record_path(path), "artifact")
+    for stored in (produced, _stored(hash_cache_path(path), None)):
         if stored is None:
             continue
         now = now or stat_of(path)
         if all(stored.get(key) == now[key] for key in now):
+            _refuse_if_changed(path, produced, stored["sha256"])
             return stored["sha256"], True
-    produced = record_path(path).is_file()
-    entry = artifact_entry(path) if produced else None
+    entry = artifact_entry(path) if record_path(path).is_file() else None
     if entry is None:  # not a stage's artifact (user data: nothing written beside it), or it
         digest = sha256_of(path)  # changed while being hashed: hash it, cache it in memory only
         _HASHED[str(path)] = (now or stat_of(path), digest)
         return digest, False
+    _refuse_if_changed(path, produced, entry["sha256"])
     cache = hash_cache_path(path)
     tmp = cache.with_name(f"{path.name}.{os.getpid()}{HASH_SUFFIX}.tmp")
     try:
@@ -182,6 +194,54 @@ def cached_sha256(path: str | os.PathLike) -> tuple[str, bool]:
         tmp.unlink(missing_ok=True)
         log.debug("cannot write the hash cache %s: %s", cache, exc)
     return entry["sha256"], False
+
+
+class ChangedArtifactError(ValueError):
+    """A stage's output whose bytes are no longer those its producer recorded."""
+
+
+def changed_since_written(path: str | os.PathLike) -> str | None:
+    """Why ``path``, a stage's output, no longer holds what its stage wrote, or None when it
+    does (or has no record to compare with). Hashes only when the sizes, names and mtimes of its
+    files differ from both the record's and the hash cache's (:func:`cached_sha256`)."""
+    path = Path(path)
+    if not path.exists():
+        return f"{path} is missing"
+    try:
+        cached_sha256(path)
+    except ChangedArtifactError as exc:
+        return str(exc)
+    return None
+
+
+def refuse_changed(paths: list[str | os.PathLike]) -> None:
+    """Raise :class:`ChangedArtifactError` naming every existing output among ``paths`` that
+    changed since its stage wrote it. For the outputs no job reads (a hub folder, a faiss
+    index): the workflow checks them before it plans, as a stage checks the inputs it reads."""
+    problems = [
+        why for p in map(Path, paths) if record_path(p).is_file() and (why := changed_since_written(p))
+    ]
+    if problems:
+        raise ChangedArtifactError("\n".join(problems))
+
+
+def _refuse_if_changed(path: Path, produced: dict[str, Any] | None, digest: str) -> None:
+    """Raise :class:`ChangedArtifactError` when ``digest`` (the bytes of ``path`` now) is not the
+    hash its producing stage recorded: a file replaced, edited or removed by hand since."""
+    if produced is None or produced["sha256"] == digest:
+        return
+    record = read(path) or {}
+    stage = record.get("stage", "?")
+    missing = []
+    if path.is_dir():
+        # Name what went missing when the record lists the files (a folder's hash covers names).
+        missing = [n for n in record.get("artifact", {}).get("names", []) if not (path / n).exists()]
+    what = f"missing {', '.join(missing)}" if missing else "its bytes differ from those recorded"
+    raise ChangedArtifactError(
+        f"{path}: changed since the {stage!r} stage wrote it ({what}; {record_path(path)} holds "
+        f"the SHA-256 it wrote). Remove it (rm -r {str(path)!r}) and run snakemake again: the "
+        f"{stage!r} rule rebuilds it and reruns what reads it."
+    )
 
 
 def _update_file(digest: Any, path: Path) -> None:
