@@ -42,7 +42,7 @@ FIRST_FILES = (
     "test_planned_jobs.py",
     "test_training.py",
 )
-AFTER_THE_BUILD = ("test_workflow_reruns.py", "test_workflow_transfer.py")
+AFTER_THE_BUILD = ("test_workflow_reruns.py", "test_workflow_transfer.py", "test_changed_outputs.py")
 
 
 # Snakemake loads every installed executor plugin when it starts, and the Slurm plugin then runs

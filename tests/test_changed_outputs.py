@@ -1,63 +1,58 @@
 """Outputs replaced, edited or emptied by hand after their stage wrote them are refused by the
 next stage that reads them, naming the file and the stage that wrote it, and an export no stage
-reads (a hub folder) is refused before planning (dprflow.provenance). Each case runs Snakemake
-on a copy of the finished tiny workflow (tests/tiny_workflow.py)."""
+reads (a hub folder) is refused before planning (dprflow.provenance). One copy of the finished
+tiny workflow (tests/tiny_workflow.py), two short Snakemake runs and two dry runs."""
 
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 from tiny_workflow import snakemake
 
 pytestmark = pytest.mark.workflow
 
-ROW = Path("results/tiny/cocondenser/seed-13")
+ROW = "results/tiny/cocondenser/seed-13"
 
 
-@pytest.fixture
-def copy(finished_run, tmp_path) -> tuple[Path, Path]:
-    workdir, config = finished_run
-    shutil.copytree(workdir, tmp_path / "copy", symlinks=True)
-    return tmp_path / "copy", config
-
-
-def failed_logs(workdir: Path) -> str:
+def read_logs(workdir) -> str:
     return "\n".join(p.read_text() for p in (workdir / "results" / "logs").rglob("*.log"))
 
 
-def test_a_model_file_replaced_by_another_models_is_refused_by_the_stage_reading_it(copy):
-    workdir, config = copy
-    shutil.copyfile(
-        workdir / ROW / "r2/model/model.safetensors", workdir / ROW / "r1/model/model.safetensors"
+def test_outputs_changed_by_hand_are_refused_by_what_reads_them(finished_run, tmp_path):
+    workdir, config = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy, symlinks=True)
+    row = copy / ROW
+    # Another row's run, a valid run: the distilled retriever's row would report r2's figures.
+    shutil.copyfile(row / "r2/run.parquet", row / "distill/run.parquet")
+    # The negatives table of the same folder: the same schema as a run, scored 0 before.
+    shutil.copyfile(row / "r2/negatives.parquet", row / "r2/run.parquet")
+    scored = snakemake(
+        copy, config, "--keep-going", f"{ROW}/r2/metrics.parquet", f"{ROW}/distill/metrics.parquet"
     )
-    # Snakemake dates a folder output by its own stamp file: a file replaced inside reruns nothing
-    # by itself, but any job that reads the folder later (here forced) must refuse it.
-    result = snakemake(workdir, config, "--forcerun", "encode_corpus", str(ROW / "r1/metrics.parquet"))
-    assert result.returncode != 0
-    expected = f"{ROW / 'r1/model'}: changed since the 'train_retriever' stage wrote it"
-    assert expected in failed_logs(workdir) + result.stderr
-    assert "Remove it (rm -r" in failed_logs(workdir)
+    assert scored.returncode != 0
+    logs = read_logs(copy)
+    for path in ("r2/run.parquet", "distill/run.parquet"):
+        assert f"{ROW}/{path}: changed since the 'search_dense' stage wrote it" in logs, scored.stderr[-3000:]
+    # r2's weights over r1's. Snakemake dates a folder output by its own stamp file, so this
+    # reruns nothing by itself; an embedding shard removed makes the job that reads the model run.
+    shutil.copyfile(row / "r2/model/model.safetensors", row / "r1/model/model.safetensors")
+    (row / "r1/embeddings/shard_0.parquet").unlink()
+    encoded = snakemake(copy, config, f"{ROW}/r1/embeddings/shard_0.parquet")
+    assert encoded.returncode != 0
+    logs = read_logs(copy)
+    assert f"{ROW}/r1/model: changed since the 'train_retriever' stage wrote it" in logs, encoded.stderr[
+        -3000:
+    ]
+    assert f"Remove it (rm -r '{ROW}/r1/model')" in logs
 
-
-@pytest.mark.parametrize("source", ["r1/negatives.parquet", "r2/run.parquet"])
-def test_a_run_replaced_by_another_table_is_not_scored(copy, source):
-    """The negatives table shares the run's schema; another row's run is a valid run."""
-    workdir, config = copy
-    shutil.copyfile(workdir / ROW / source, workdir / ROW / "r1/run.parquet")
-    result = snakemake(workdir, config, str(ROW / "r1/metrics.parquet"))
-    assert result.returncode != 0
-    assert f"{ROW / 'r1/run.parquet'}: changed since the" in failed_logs(workdir) + result.stderr
-
-
-def test_a_hub_export_missing_its_weights_is_refused_before_planning(copy, tmp_path):
-    workdir, config = copy
-    hub = workdir / ROW / "r2/hub"
+    # An export no stage reads, missing its weights: refused when the workflow plans.
+    hub = row / "r2/hub"
     (hub / "model.safetensors").rename(tmp_path / "moved.safetensors")
-    result = snakemake(workdir, config, "-n")
-    assert result.returncode != 0
-    expected = f"{ROW / 'r2/hub'}: changed since the 'export_model' stage wrote it (missing model.safetensors"
-    assert expected in result.stdout + result.stderr
+    planned = snakemake(copy, config, "-n")
+    assert planned.returncode != 0
+    expected = f"{ROW}/r2/hub: changed since the 'export_model' stage wrote it (missing model.safetensors"
+    assert expected in planned.stdout + planned.stderr
     (tmp_path / "moved.safetensors").rename(hub / "model.safetensors")  # put back: planning works again
-    assert snakemake(workdir, config, "-n").returncode == 0
+    assert snakemake(copy, config, "-n").returncode == 0
