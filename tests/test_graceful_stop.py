@@ -4,7 +4,7 @@ instead of the last ``checkpoint_every`` one (the signal Slurm sends before its 
 time limit).
 
 The stage test sends a real SIGTERM to a stage running in a process of its own
-(:mod:`stage_process`), as the kill/resume tests of tests/test_training.py do with SIGKILL.
+(:mod:`stage_process`), through the kill/resume tests' fault injection (SIGKILL there).
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ import os
 import re
 import signal
 import socket
-import tempfile
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,14 +23,15 @@ import pytest
 import torch
 from conftest import save_tiny_bert
 from safetensors.torch import load_file
-from stage_process import _child, forkserver, run_stage
+from stage_process import forkserver, run_stage
 
 from dprflow import provenance
 from dprflow.data.schemas import write_table
 from dprflow.stages import train_retriever
-from dprflow.training.trainer import STOP_SIGNALS, StoppedBySignal, StopRequest, TrainArgs, Trainer
+from dprflow.training.trainer import KILL_ENV, STOP_SIGNALS, StoppedBySignal, StopRequest, TrainArgs, Trainer
 
-STEPS = 200  # long enough that the run is still going when the signal arrives
+STEPS = 24
+SIGNAL_AT = 7  # the step after which the stage receives SIGTERM
 NEVER = 10_000  # a checkpoint_every no step reaches: the only checkpoint is the signal's
 WAIT_S = 300  # waits only; a slow machine never reaches them
 
@@ -96,42 +95,21 @@ def same_weights(a: Path, b: Path) -> bool:
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def sigterm_after_progress(stage: str, args: list[str]) -> tuple[int | None, str]:
-    """Run ``stage`` in a process of its own, send it SIGTERM once its log shows a finished step,
-    and return its exit code and stderr. :func:`stage_process.run_stage` waits for the end; this
-    starts the same child (forked from the server that imported torch) and signals it meanwhile."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out, err = Path(tmp, "out"), Path(tmp, "err")
-        process = forkserver().Process(
-            target=_child, args=(stage, args, dict(os.environ), str(out), str(err), None)
-        )
-        process.start()
-        deadline = time.monotonic() + WAIT_S
-        # The progress line of step 10 (the first read of the loss, log_every 10).
-        while process.is_alive() and time.monotonic() < deadline:
-            if err.exists() and re.search(rf"step \d+/{STEPS} loss", err.read_text()):
-                os.kill(process.pid, signal.SIGTERM)
-                break
-            time.sleep(0.02)
-        process.join(WAIT_S)
-        if process.is_alive():
-            process.kill()
-            process.join()
-        return process.exitcode, err.read_text()
-
-
 def test_sigterm_saves_the_step_and_the_rerun_resumes_to_the_same_weights(train_data, tiny_init):
+    """The stage in a process of its own (forked from the server that imported torch), sent a real
+    SIGTERM after step SIGNAL_AT by the kill/resume tests' fault injection (trainer.KILL_ENV):
+    deterministic where a signal from outside would race the run's end on a busy machine."""
     assert train_retriever.main(argv(train_data, tiny_init, "whole")) == 0
     resumed = argv(train_data, tiny_init, "resumed")
-    code, stderr = sigterm_after_progress("train_retriever", resumed)
-    assert code != 0, f"the run ended before the signal reached it: raise STEPS ({STEPS})"
-    assert code == 1, stderr[-3000:]  # the stage's error code, not death by the signal (-15)
+    stopped = run_stage("train_retriever", resumed, env={**os.environ, KILL_ENV: f"{SIGNAL_AT}:SIGTERM"})
+    assert stopped.returncode == 1, stopped.stderr[-3000:]  # the stage's error code, not -15
+    stderr = stopped.stderr
     found = re.search(
         rf"stopped on signal SIGTERM \(15\) at step (\d+) of {STEPS}: checkpoint (\S+) written", stderr
     )
     assert found, stderr[-3000:]
     step = int(found.group(1))
-    assert 10 <= step < STEPS and step % NEVER
+    assert step == SIGNAL_AT + 1 and step % NEVER  # sent after step 7's boundary: stops at the end of 8
     assert "rerun the job to resume from step" in stderr
     ckpt = train_data / "resumed.ckpt"
     assert [p.name for p in ckpt.glob("step-*")] == [f"step-{step}"]

@@ -74,7 +74,8 @@ from dprflow.training.tracking import EVENTS_DIR, EventLog, StepLog, write_log
 
 log = logging.getLogger(__name__)
 
-# Tests set this to a step number to have the process killed (SIGKILL) right after that step.
+# Tests set this to a step number to have the process killed (SIGKILL) right after that step, or
+# to "<step>:<signal name>" (e.g. "7:SIGTERM") to have that signal sent to it there instead.
 KILL_ENV = "DPRFLOW_KILL_AFTER_STEP"
 
 # The signals that ask a training stage to stop at the next step boundary: Slurm's SIGTERM before
@@ -291,9 +292,11 @@ class Trainer:
                 if stop:
                     ckpt = self.checkpoint_dir / f"{CHECKPOINT_PREFIX}{step + 1}"
                     raise StoppedBySignal(stop, step + 1, self.steps, ckpt)
-                if os.environ.get(KILL_ENV) == str(step + 1):
-                    # Fault injection for the resume tests: die like `kill -9`, with no clean-up.
-                    os.kill(os.getpid(), signal.SIGKILL)
+                at, _, name = os.environ.get(KILL_ENV, "").partition(":")
+                if at == str(step + 1):
+                    # Fault injection for the resume tests: die like `kill -9`, with no clean-up,
+                    # or receive the named signal (the graceful stop's, seen at the next boundary).
+                    os.kill(os.getpid(), getattr(signal, name or "SIGKILL"))
             self._report(step_log.flush(), start)
         if self.dist.is_main:
             write_log(history, log_path)
