@@ -21,12 +21,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import save_tiny_bert
-from safetensors.torch import load_file
 from stage_process import forkserver, run_stage
+from training_helpers import argv as train_argv
+from training_helpers import same_weights
 
 from dprflow import provenance
-from dprflow.data.schemas import write_table
 from dprflow.stages import train_retriever
 from dprflow.training.trainer import KILL_ENV, STOP_SIGNALS, StoppedBySignal, StopRequest, TrainArgs, Trainer
 
@@ -36,63 +35,9 @@ NEVER = 10_000  # a checkpoint_every no step reaches: the only checkpoint is the
 WAIT_S = 300  # waits only; a slow machine never reaches them
 
 
-@pytest.fixture(scope="module")
-def tiny_init(tmp_path_factory):
-    """A 2-layer BERT with random weights and the packaged MiniLM tokenizer."""
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
-
-
-@pytest.fixture
-def train_data(tmp_path):
-    """12 training queries over 24 passages, a negative pool per query (as tests/test_training.py)."""
-    n = 12
-    passages = pd.DataFrame(
-        {
-            "passage_id": [f"d{i}#0" for i in range(2 * n)],
-            "doc_id": [f"d{i}" for i in range(2 * n)],
-            "position": 0,
-            "title": "",
-            "text": [f"passage number {i} about topic {i % 5}" for i in range(2 * n)],
-            "n_tokens": 6,
-        }
-    )
-    queries = pd.DataFrame(
-        {"query_id": [f"q{i}" for i in range(n)], "text": [f"topic {i}" for i in range(n)], "split": "train"}
-    )
-    qrels = pd.DataFrame(
-        {"query_id": queries["query_id"], "doc_id": [f"d{i}" for i in range(n)], "relevance": 1}
-    )
-    rows = [(f"q{i}", f"d{j}#0", float(-j), r + 1) for i in range(n) for r, j in enumerate(range(n, 2 * n))]
-    negatives = pd.DataFrame(rows, columns=["query_id", "passage_id", "score", "rank"])
-    write_table(passages, tmp_path / "passages.parquet", "passages")
-    write_table(queries, tmp_path / "queries.parquet", "queries")
-    write_table(qrels, tmp_path / "qrels.parquet", "qrels")
-    write_table(negatives, tmp_path / "negatives.parquet", "negatives")
-    return tmp_path
-
-
 def argv(data: Path, init: Path, out: str) -> list[str]:
     """The retriever stage for STEPS steps with no checkpoint of its own on the way."""
-    inputs = {name: str(data / f"{name}.parquet") for name in ("queries", "qrels", "passages", "negatives")}
-    args = {
-        "init": str(init),
-        **inputs,
-        "out": str(data / out),
-        "checkpoint-dir": str(data / f"{out}.ckpt"),
-        "batch-size": "4",
-        "group-size": "3",
-        "max-steps": str(STEPS),
-        "checkpoint-every": str(NEVER),
-        "learning-rate": "1e-3",
-        "threads": "1",
-    }
-    return [part for key, value in args.items() for part in (f"--{key}", value)]
-
-
-def same_weights(a: Path, b: Path) -> bool:
-    """Bit for bit, as the kill/resume test compares them: the same steps on the same shapes."""
-    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
-    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    return train_argv(data, init, out, max_steps=STEPS, checkpoint_every=NEVER)
 
 
 def test_sigterm_saves_the_step_and_the_rerun_resumes_to_the_same_weights(train_data, tiny_init):
