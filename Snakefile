@@ -43,8 +43,10 @@ include: "rules/report.smk"
 
 # The exports no job reads (hub folders, faiss indexes) are checked against their provenance
 # before planning: one changed or emptied by hand since its stage wrote it is refused by name, as
-# every stage refuses such an input (dprflow.provenance.cached_sha256).
-refuse_changed(hub_folders() + faiss_index_dirs())
+# every stage refuses such an input (dprflow.provenance.cached_sha256). Only where the workflow is
+# planned: a cluster job parses this file again while other jobs may be rewriting those folders.
+if workflow.is_main_process:
+    refuse_changed(hub_folders() + faiss_index_dirs())
 
 
 # Bookkeeping rules run where Snakemake runs, not as cluster jobs.

@@ -79,12 +79,16 @@ class Checkpoints:
         self.payload = payload
         self.identity = fingerprint(payload)
 
+    def path(self, step: int) -> Path:
+        """Where the checkpoint of ``step`` is (or would be) kept."""
+        return self.folder / f"{CHECKPOINT_PREFIX}{step}"
+
     def save(
         self, step: int, model: torch.nn.Module, save_fn: Callable, trainer_state: dict[str, Any]
     ) -> Path:
         """Write ``step-<step>`` atomically (model folder, trainer state, identity, code) and
         remove the older ones."""
-        final = self.folder / f"{CHECKPOINT_PREFIX}{step}"
+        final = self.path(step)
         tmp = self.folder / f".tmp-{CHECKPOINT_PREFIX}{step}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)

@@ -43,7 +43,7 @@ from dprflow.cli import StageError
 from dprflow.progress import format_seconds
 from dprflow.training import distributed, memory, steps
 from dprflow.training.batches import StepBatches, count_tokens, split_rows, step_loader
-from dprflow.training.checkpoints import CHECKPOINT_PREFIX, Checkpoints, state_bytes
+from dprflow.training.checkpoints import Checkpoints, state_bytes
 from dprflow.training.devices import (
     autocast_context,
     compile_transformers,
@@ -290,8 +290,7 @@ class Trainer:
                     self._report(step_log.flush(), start)
                     self._save_checkpoint(step + 1, history, log_path)
                 if stop:
-                    ckpt = self.checkpoint_dir / f"{CHECKPOINT_PREFIX}{step + 1}"
-                    raise StoppedBySignal(stop, step + 1, self.steps, ckpt)
+                    raise StoppedBySignal(stop, step + 1, self.steps, self.checkpoints.path(step + 1))
                 at, _, name = os.environ.get(KILL_ENV, "").partition(":")
                 if at == str(step + 1):
                     # Fault injection for the resume tests: die like `kill -9`, with no clean-up,
