@@ -1,6 +1,7 @@
 # dprflow: dense passage retrieval pre-training and fine-tuning, end to end.
-# This file only sets things up; each stage family's rules live in rules/<family>.smk and each
-# rule runs one module, python -m dprflow.stages.<rule>.
+# This file only sets things up; each stage family's rules live in rules/<family>.smk, the input
+# functions, flags and resource estimates they call in rules/functions/<family>.smk, and each rule
+# runs one module, python -m dprflow.stages.<rule>.
 
 import sys
 
@@ -10,7 +11,12 @@ min_version("8.20")
 
 # The library (config checking here; the stage modules in every job) lives in src/.
 sys.path.insert(0, f"{workflow.basedir}/src")
-from dprflow.config import check_baseline, read_config_file, reference_models, validate_config
+from dprflow.config import (
+    check_baseline,
+    read_config_file,
+    reference_models,
+    validate_config,
+)
 from dprflow.provenance import refuse_changed
 
 # The default config, unless the command line names its own (--configfile replaces it whole, so a
@@ -28,18 +34,28 @@ report: "report/workflow.rst"
 
 
 # Fill defaults and check every key before any rule reads the config.
-validate_config(config, f"{workflow.basedir}/config/schema.yaml")
+SCHEMA = f"{workflow.basedir}/config/schema.yaml"
+validate_config(config, SCHEMA)
 
 
 include: "rules/common.smk"
+include: "rules/functions/collections.smk"
 include: "rules/collections.smk"
+include: "rules/functions/bm25.smk"
 include: "rules/bm25.smk"
+include: "rules/functions/pretrain.smk"
 include: "rules/pretrain.smk"
+include: "rules/functions/doc2query.smk"
 include: "rules/doc2query.smk"
+include: "rules/functions/retriever.smk"
 include: "rules/retriever.smk"
+include: "rules/functions/reranker.smk"
 include: "rules/reranker.smk"
+include: "rules/functions/evaluation.smk"
 include: "rules/evaluation.smk"
+include: "rules/functions/report.smk"
 include: "rules/report.smk"
+
 
 # The exports no job reads (hub folders, faiss indexes) are checked against their provenance
 # before planning: one changed or emptied by hand since its stage wrote it is refused by name, as

@@ -9,7 +9,7 @@ time), the documents are ranked by the model's similarity for each query, and bo
 scored as the evaluate stage scores a run (nDCG@10, R@100; the compare stage's paired t-test), beside the agreement of
 the two (top-10 overlap, the largest score difference). Writes results/bench/cpu_bf16.json.
 
-Run it on a CPU with native bf16 (AVX512-BF16 or AMX; dprflow.device.cpu_flags); elsewhere bf16 is
+Run it on a CPU with native bf16 (AVX512-BF16 or AMX; dprflow.hardware.cpu_flags); elsewhere bf16 is
 emulated and slower than fp32, and the workflow runs fp32 whatever is asked.
 
     python bench/bench_cpu_bf16.py [--collection ../shared/collections/cranfield] [--threads 2]
@@ -29,13 +29,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_bench  # noqa: E402
 
-from dprflow import device as hardware  # noqa: E402
+from dprflow import hardware  # noqa: E402
 from dprflow.data.collections.beir import load_beir  # noqa: E402
 from dprflow.evaluation.compare import paired_ttest  # noqa: E402
 from dprflow.evaluation.metrics import evaluate_run  # noqa: E402
 from dprflow.finetuning.biencoder import BiEncoder  # noqa: E402
-from dprflow.finetuning.examples import encoder_texts  # noqa: E402
-from dprflow.model_init import load_tokenizer  # noqa: E402
+from dprflow.models.init import load_tokenizer  # noqa: E402
+from dprflow.models.texts import encoder_texts  # noqa: E402
 from dprflow.search.dense import encode_texts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

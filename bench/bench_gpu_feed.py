@@ -13,7 +13,7 @@ For every step type of ``bench_train_throughput.py`` at the benchmark's GPU shap
 3. **Recompiles**: graphs ``torch.compile`` builds in 100 steps (a counting backend around the
    eager one, so the count is dynamo's whatever the compiler), compiling each Hugging Face
    model's forward as before, and every Transformer layer with dynamic shapes as now
-   (:func:`dprflow.training.devices.compile_transformers`), on a 2-layer model.
+   (:func:`dprflow.training.speed.compile_transformers`), on a 2-layer model.
 
 Ratios are taken in the same run::
 
@@ -37,7 +37,7 @@ import torch  # noqa: E402
 from bench_train_throughput import Task, make_tokenizer  # noqa: E402
 
 from dprflow.training.batches import StepBatches, pad_to_multiple  # noqa: E402
-from dprflow.training.devices import compile_transformers, transformers_in  # noqa: E402
+from dprflow.training.speed import compile_transformers, transformers_in  # noqa: E402
 
 TASKS = ("retriever", "condenser", "cocondenser", "mae", "contriever")
 MULTIPLES = (0, 8, 16, 32)

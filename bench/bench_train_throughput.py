@@ -81,10 +81,10 @@ from dprflow.pretraining.contriever.model import Contriever, ContrieverConfig  #
 from dprflow.pretraining.mae.data import TokenText, mae_batch  # noqa: E402
 from dprflow.pretraining.mae.model import BottleneckedMAE, MAEConfig  # noqa: E402
 from dprflow.progress import quiet_hugging_face  # noqa: E402
+from dprflow.stage_args import TrainArgs  # noqa: E402
 from dprflow.training import steps as training_steps  # noqa: E402
 from dprflow.training.batches import StepBatches  # noqa: E402
 from dprflow.training.memory import PROCESS_BYTES, EncoderShape  # noqa: E402
-from dprflow.training.optim import TrainArgs  # noqa: E402
 from dprflow.training.steps import biencoder_step, cocondenser_step  # noqa: E402
 from dprflow.training.trainer import Trainer  # noqa: E402
 

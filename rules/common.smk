@@ -1,6 +1,8 @@
-# DAG helpers shared by several rule families: paths, config sections, method lists, flags and
-# cluster-request estimates. A family's own helpers sit at the top of its .smk file, beside the
-# rules that use them. No rule lives here.
+# DAG helpers that several families of rules share: paths, config sections, method lists and
+# cluster-request estimates. A family's own helpers (input functions, flags, resources) live in
+# rules/functions/<family>.smk, its rules in rules/<family>.smk (snakemake --lint: no file mixes
+# rules and functions). The flag strings are built by dprflow.rule_flags, where ruff and the unit
+# tests read them. No rule lives here.
 #
 # The flags of a rule's params are functions of the wildcards only, never of `input`: Snakemake
 # leaves params that take `input` out of its params-changed rerun trigger (snakemake issue 3895),
@@ -14,6 +16,15 @@ import shlex
 from pathlib import Path
 
 from dprflow.provenance import local_sha256
+from dprflow.rule_flags import (
+    RESOURCE_SETTINGS,
+    generic_corpus_flags,
+    optim_flags,
+    precision_flag,
+    q,
+    section_flags,
+    training_flags,
+)
 from dprflow.stage_code import stage_sources
 
 # The stage modules run as `python -m dprflow.stages.<rule>`; the shell prefix makes the package
@@ -78,7 +89,8 @@ def content_fingerprint(*values):
     of the rules that read it: Snakemake reruns a job whose params changed, and a folder input
     alone does not rerun anything when a file inside it is edited (the folder's own mtime does
     not change). Hashes are kept in .snakemake/ keyed by the files' sizes and mtimes, so the
-    content is read again only after a change (nothing is written beside the user's folder)."""
+    content is read again only after a change (nothing is written beside the user's folder).
+    """
     return " ".join(f"{p}={local_sha256(p)}" for p in local_paths(*values))
 
 
@@ -88,7 +100,8 @@ def model_init_fingerprint(wildcards):
 
 def stage_code(name):
     """The stage module's file and those of every dprflow module it imports (dprflow.stage_code):
-    inputs of its rule, so editing the stage or any module it runs (a loss, the trainer) reruns it."""
+    inputs of its rule, so editing the stage or any module it runs (a loss, the trainer) reruns it.
+    """
     return stage_sources(name, SRC)
 
 
@@ -150,7 +163,9 @@ def transfer_targets(collection):
     then every evaluate-only collection."""
     spec = config["collections"][collection]
     evaluate_only = [c for c, s in config["collections"].items() if s["evaluate_only"]]
-    return [c for c in dict.fromkeys(spec["evaluate_on"] + evaluate_only) if c != collection]
+    return [
+        c for c in dict.fromkeys(spec["evaluate_on"] + evaluate_only) if c != collection
+    ]
 
 
 def finetune_seeds():
@@ -189,25 +204,30 @@ def systems():
 def scored_rows():
     """(folder collection, system) of every evaluated row: each collection's own rows (an
     evaluate-only collection's: the untrained ones), then each training collection's trained rows
-    scored on its transfer targets (<row>/on-<target>, in the training collection's folder)."""
+    scored on its transfer targets (<row>/on-<target>, in the training collection's folder).
+    """
     rows = []
     for c, spec in config["collections"].items():
-        rows += [(c, s) for s in (untrained_rows() if spec["evaluate_only"] else systems())]
+        rows += [
+            (c, s) for s in (untrained_rows() if spec["evaluate_only"] else systems())
+        ]
     for c in training_collections():
-        rows += [(c, f"{s}/on-{t}") for t in transfer_targets(c) for s in trained_rows()]
+        rows += [
+            (c, f"{s}/on-{t}") for t in transfer_targets(c) for s in trained_rows()
+        ]
     return rows
 
 
 def is_dense(system):
     """A row searched with a bi-encoder (it has an encoder.json): not BM25, not a reranked run."""
     row = split_transfer(system)[0]
-    return row != "bm25" and not row.endswith("/rerank")
+    return row != "bm25" and os.path.basename(row) != "rerank"
 
 
 def comparison_rows():
     """The rows of the comparison: each system with its seed folded away (<method>/<stage>)."""
     names = (split_transfer(s)[0] for _, s in scored_rows())
-    return list(dict.fromkeys(re.sub("/seed-[0-9]+/", "/", s) for s in names))
+    return list(dict.fromkeys(re.sub("(?<=/)seed-[0-9]+/", "", s) for s in names))
 
 
 # The baseline must be one of them: checked now, not when the comparison is made.
@@ -263,60 +283,6 @@ wildcard_constraints:
     mae_method="|".join(MAE_METHODS + ["qac-cotmae"]),
     cocondenser="cocondenser|qac-cocondenser",
     corpus="[A-Za-z0-9_-]+",
-
-
-def q(value):
-    """A value for a shell line, shell-quoted: no config value ever runs as a command (flag strings
-    are built from quoted values; the rules' shell lines quote the rest with {params.x:q})."""
-    return shlex.quote(str(value))
-
-
-def train_flags(section, keys):
-    """`--key value` flags of a config section (booleans as true/false, null keys left out)."""
-    flags = []
-    for key in keys:
-        value = section[key]
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            value = str(value).lower()
-        flags.append(f"--{key.replace('_', '-')} {q(value)}")
-    return " ".join(flags)
-
-
-def precision_flag():
-    """The numeric precision of every stage that runs a model (training and inference)."""
-    return f"--precision {q(config['precision'])}"
-
-
-# Settings that decide how a job runs, not what it writes: resources of the rules, never params,
-# and left out of the config the report records, so that changing one reruns no job (how batches
-# are built, how often state is saved or the loss read, the BM25 JVM's heap).
-RESOURCE_SETTINGS = (
-    "finetune.checkpoint_every",
-    "training.num_workers",
-    "training.log_every",
-    "bm25.heap_mb",
-)
-
-
-def training_flags():
-    """Flags every training stage takes: the precision and the config's training section
-    (num_workers, checkpoint_every and log_every are resources of the rules, RESOURCE_SETTINGS:
-    they change how batches are built, how often state is saved or the loss read, not what is
-    trained, so changing one must not rerun the job)."""
-    keys = ["gradient_accumulation_steps", "gradient_checkpointing", "max_grad_norm", "fused_adamw", "tf32"]
-    keys += ["compile", "attention", "chunk_from_memory", "pad_to_multiple_of", "pretokenize"]
-    return f"{precision_flag()} {train_flags(config['training'], keys)}"
-
-
-def optim_flags(section):
-    return (
-        f" --batch-size {q(section['batch_size'])} --group-size {q(section['group_size'])}"
-        f" --learning-rate {q(section['learning_rate'])} --weight-decay {q(section['weight_decay'])}"
-        f" --warmup-ratio {q(section['warmup_ratio'])} --epochs {q(section['epochs'])}"
-        f" --max-steps {q(section['max_steps'])}"
-    )
 
 
 def training_launcher(wildcards, resources):

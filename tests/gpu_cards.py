@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dprflow.device import DeviceInfo
+from dprflow.hardware import DeviceInfo
 
 # torch.cuda.get_device_properties of the real cards (bytes as torch reports them).
 H100 = DeviceInfo("cuda", 0, "NVIDIA H100 80GB HBM3", 85_029_158_912, bf16=True, capability=(9, 0))

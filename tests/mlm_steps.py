@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, BertForMaskedLM
 
-from dprflow.training import devices
-from dprflow.training.optim import TrainArgs
+from dprflow.stage_args import TrainArgs
+from dprflow.training import speed
 from dprflow.training.trainer import Trainer
 
 TINY = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
@@ -57,7 +57,7 @@ def trainer_for(model, args: TrainArgs, tmp_path: Path, batches=None) -> Trainer
 def loss_and_grads(model, args: TrainArgs, tmp_path: Path) -> tuple[float, dict[str, torch.Tensor]]:
     trainer = trainer_for(model, dataclasses.replace(args, batch_size=1), tmp_path)
     trainer.model.train()
-    out = trainer._accumulate(devices.to_device(padded_batch(0), trainer.dist.device))
+    out = trainer._accumulate(speed.to_device(padded_batch(0), trainer.dist.device))
     grads = {n: p.grad.cpu() for n, p in trainer.model.named_parameters() if p.grad is not None}
     return float(out["loss"].detach()), grads
 

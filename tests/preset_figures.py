@@ -17,7 +17,8 @@ from typing import Any, NamedTuple
 import yaml
 from snakemake_cli import snakemake as run_snakemake
 
-from dprflow.training.trainer import TrainArgs, steps_run, total_steps
+from dprflow.stage_args import TrainArgs
+from dprflow.training.trainer import steps_run, total_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from transformers import AutoModel
 
 from dprflow.data.schemas import write_table
-from dprflow.model_init import load_tokenizer
+from dprflow.models.init import load_tokenizer
 from dprflow.pretraining.contriever.data import (
     PairMaker,
     crop_pair,

@@ -257,7 +257,7 @@ def test_a_seq2seq_checkpoint_trains_generates_and_round_trips(tmp_path):
     with the MiniLM tokenizer)."""
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from dprflow.model_init import load_tokenizer
+    from dprflow.models.init import load_tokenizer
 
     torch.manual_seed(0)
     config = T5Config(

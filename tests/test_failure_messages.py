@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_an_uncached_model_id_fails_at_once_when_offline(monkeypatch, tiny_collection, capsys):
-    from dprflow.model_init import resolve_model
+    from dprflow.models.init import resolve_model
     from dprflow.stages import split_passages
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -13,17 +13,12 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from dprflow.cli import StageError
 from dprflow.data.ids import IdIndex
 from dprflow.data.schemas import write_table
-from dprflow.finetuning.examples import (
-    PassageTexts,
-    TrainingQuery,
-    build_training_set,
-    passage_texts,
-    sample_group,
-)
+from dprflow.errors import StageError
+from dprflow.finetuning.examples import PassageTexts, TrainingQuery, build_training_set, sample_group
 from dprflow.finetuning.reranking import rerank_run
+from dprflow.models.texts import passage_texts
 from dprflow.search.runs import positive_passages
 
 

@@ -103,9 +103,9 @@ def test_mixed_precision_training_resumes_after_a_kill(train_data, tiny_init, pr
 
 def test_the_gpus_properties_drive_the_decisions():
     """DeviceInfo read from this GPU: the values tests/test_gpu_path.py gives on a CPU."""
-    from dprflow.device import device_info
+    from dprflow.hardware import device_info
     from dprflow.precision import resolve_precision
-    from dprflow.training.devices import pad_multiple, use_fused_adamw
+    from dprflow.training.speed import pad_multiple, use_fused_adamw
 
     info = device_info(torch.device("cuda", 0))
     props = torch.cuda.get_device_properties(0)
@@ -139,7 +139,8 @@ def test_speed_switches_on_the_gpu_keep_the_loss_and_gradients(tmp_path):
 
     from mlm_steps import assert_close, loss_and_grads, padded_batch, tiny_mlm
 
-    from dprflow.training.optim import TrainArgs, adamw
+    from dprflow.stage_args import TrainArgs
+    from dprflow.training.optim import adamw
 
     plain = TrainArgs(precision="fp32", tf32=False, fused_adamw=False)
     reference = loss_and_grads(tiny_mlm(), plain, tmp_path / "plain")
@@ -167,7 +168,7 @@ def test_the_gradient_cache_chunk_comes_from_the_gpu_memory(tmp_path):
     weights and optimizer state; off, the configured chunk_size stays."""
     from mlm_steps import tiny_mlm, trainer_for
 
-    from dprflow.training.optim import TrainArgs
+    from dprflow.stage_args import TrainArgs
 
     on = trainer_for(tiny_mlm(), TrainArgs(batch_size=1), tmp_path / "on")
     total = torch.cuda.get_device_properties(0).total_memory

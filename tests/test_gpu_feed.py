@@ -22,7 +22,6 @@ from conftest import save_tiny_bert
 from gpu_cards import H100
 from training_helpers import argv, same_weights
 
-from dprflow.device import CPU
 from dprflow.finetuning.pretokenized import (
     TokenRows,
     longest_first,
@@ -31,10 +30,11 @@ from dprflow.finetuning.pretokenized import (
     tokenize_to_store,
 )
 from dprflow.finetuning.reranking import tokenize_pairs
-from dprflow.model_init import load_tokenizer
+from dprflow.hardware import CPU
+from dprflow.models.init import load_tokenizer
 from dprflow.stages import train_reranker, train_retriever
 from dprflow.training.batches import pad_to_multiple
-from dprflow.training.devices import pad_multiple
+from dprflow.training.speed import pad_multiple
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "wing lift drag flow boundary layer shock wave plate heat transfer turbulence".split()

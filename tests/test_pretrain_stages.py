@@ -15,12 +15,13 @@ from safetensors.torch import load_file
 from transformers import AutoModel
 
 from dprflow.data.schemas import write_table
-from dprflow.model_init import load_tokenizer
+from dprflow.models.init import load_tokenizer
 from dprflow.pretraining.condenser.data import pair_batch, sample_non_overlapping_spans, sample_spans
 from dprflow.pretraining.condenser.model import Condenser, authors_head_state
 from dprflow.pretraining.masking import select_positions, wordpiece_word_ids
+from dprflow.stage_args import TrainArgs
 from dprflow.stages import pretrain_contriever, pretrain_corpus, pretrain_generic, pretrain_tokenize
-from dprflow.training.trainer import TrainArgs, steps_run, total_steps
+from dprflow.training.trainer import steps_run, total_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ from conftest import save_tiny_bert
 from transformers import AutoModel
 
 from dprflow.data.schemas import write_table
-from dprflow.model_init import load_tokenizer
+from dprflow.models.init import load_tokenizer
 from dprflow.pretraining.query_as_context import pairs as query_context
 from dprflow.stages import pretrain_corpus, pretrain_mae
 

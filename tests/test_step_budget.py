@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from dprflow.training.trainer import TrainArgs, Trainer, total_steps
+from dprflow.stage_args import TrainArgs
+from dprflow.training.trainer import Trainer, total_steps
 
 
 def test_total_steps_is_the_budget_or_the_epochs():

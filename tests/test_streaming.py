@@ -452,7 +452,7 @@ def test_streamed_reads_do_not_keep_the_row_groups_they_have_read(tmp_path, read
     import pyarrow as pa
 
     from dprflow.data.schemas import schema
-    from dprflow.pretraining.corpus import passage_batches
+    from dprflow.pretraining.documents import passage_batches
 
     rng = np.random.default_rng(0)
     n_groups, rows = 40, 500

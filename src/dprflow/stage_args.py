@@ -1,9 +1,17 @@
-"""Command-line argument fields that several stages share.
+"""Command-line argument fields that several stages share, each declared once.
 
-:class:`OptimArgs` holds what every training stage takes (the optimizer, the schedule, precision,
-accumulation and the speed switches of :mod:`dprflow.training`); a stage's argument dataclass
-subclasses it. It lives beside :mod:`dprflow.cli`, not in the training machinery, so that
-argument dataclasses in method folders (``finetuning/examples.py``) import no trainer.
+A training stage's argument dataclass subclasses :class:`TrainArgs`, which is also what the
+:class:`~dprflow.training.trainer.Trainer` takes. It is made of three parts:
+
+- :class:`OptimArgs`: the optimizer and its schedule (each method's config section sets them);
+- :class:`TrainingSettings`: the config's ``training`` section, one field per key of
+  ``config/schema.yaml`` (``tests/test_training_settings.py`` holds them equal, names and
+  defaults, and checks that each key set in a config reaches every training stage; the rules
+  build these flags from the schema's keys, ``training_flags`` in ``rules/common.smk``);
+- :class:`JobArgs`: what the job was given (threads, memory), never what is trained.
+
+It lives beside :mod:`dprflow.cli`, not in the training machinery, so that argument dataclasses
+in method folders (``finetuning/examples.py``) import no trainer.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 
 @dataclass(kw_only=True)
 class OptimArgs:
-    """The command-line arguments every training stage shares (stages subclass it)."""
+    """AdamW, its learning-rate schedule and the step budget."""
 
     batch_size: int = field(default=8, metadata={"help": "examples per optimizer step (all processes)"})
     learning_rate: float = field(default=2e-5, metadata={"help": "AdamW peak learning rate"})
@@ -46,15 +54,14 @@ class OptimArgs:
         },
     )
     seed: int = field(default=13, metadata={"help": "random seed"})
-    checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
-    precision: str = field(
-        default="auto",
-        metadata={
-            "help": "auto (bf16 where the GPU supports it, else fp16; fp32 on CPU), bf16, fp16, fp32",
-            "choices": list(PRECISIONS),
-        },
-    )
-    max_grad_norm: float = field(default=1.0, metadata={"help": "clip the gradient norm (0: no clipping)"})
+
+
+@dataclass(kw_only=True)
+class TrainingSettings:
+    """The config's ``training`` section, key for key (its descriptions: config/schema.yaml). Each
+    is a memory or speed setting: none changes the math beyond float rounding, except where the
+    schema says so (gradient accumulation with in-batch negatives, padding and dropout)."""
+
     gradient_accumulation_steps: int = field(
         default=1,
         metadata={"help": "split each process's batch into this many micro-batches, one backward each"},
@@ -62,13 +69,9 @@ class OptimArgs:
     gradient_checkpointing: bool = field(
         default=False, metadata={"help": "recompute activations in the backward pass (less memory)"}
     )
+    max_grad_norm: float = field(default=1.0, metadata={"help": "clip the gradient norm (0: no clipping)"})
     num_workers: int = field(
         default=0, metadata={"help": "DataLoader processes building the batches (0: the training process)"}
-    )
-    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)"})
-    mem_mb: int = field(
-        default=0,
-        metadata={"help": "memory the job was given in MB (the rule's resources.mem_mb; 0: the machine's)"},
     )
     fused_adamw: bool = field(
         default=True, metadata={"help": "AdamW's fused kernel on a GPU (one kernel for all weights)"}
@@ -98,7 +101,8 @@ class OptimArgs:
             "memory (at least --chunk-size)"
         },
     )
-    pad_to_multiple_of: str = field(
+    # A string on the command line ("auto" or digits); dprflow.training.speed.pad_multiple reads it.
+    pad_to_multiple_of: str | int = field(
         default="auto",
         metadata={
             "help": "pad each batch's sequences to a multiple of this at their longest (0: the longest; "
@@ -112,3 +116,28 @@ class OptimArgs:
             "instead of tokenizing each batch's texts (the same batches)"
         },
     )
+
+
+@dataclass(kw_only=True)
+class JobArgs:
+    """What the job was given (the rule's resources): how fast it runs, not what it trains."""
+
+    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)"})
+    mem_mb: int = field(
+        default=0,
+        metadata={"help": "memory the job was given in MB (the rule's resources.mem_mb; 0: the machine's)"},
+    )
+
+
+@dataclass(kw_only=True)
+class TrainArgs(OptimArgs, TrainingSettings, JobArgs):
+    """Everything a training stage and its Trainer share (a stage's ``Args`` subclasses it)."""
+
+    precision: str = field(
+        default="auto",
+        metadata={
+            "help": "auto (bf16 where the GPU supports it, else fp16; fp32 on CPU), bf16, fp16, fp32",
+            "choices": list(PRECISIONS),
+        },
+    )
+    checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})

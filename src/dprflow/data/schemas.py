@@ -4,8 +4,9 @@ Reading and writing go through :func:`read_table` and :func:`write_table`, which
 columns and their types against the declaration and name the file and column (or row) when
 something is wrong. Writes are atomic: the table goes to a temporary file beside the target and
 is renamed into place only when it is complete, so a failed stage leaves nothing that looks
-finished. A write that runs out of disk space raises :class:`DiskFullError`, naming the path and
-the bytes free (and needed, when known), after removing the partial file.
+finished (:func:`dprflow.files.atomic_path`). A write that runs out of disk space raises
+:class:`dprflow.files.DiskFullError`, naming the path and the bytes free (and needed, when
+known), after removing the partial file.
 
 Column names follow ir_measures (``query_id``, ``doc_id``, ``relevance``, ``score``) so that
 evaluation needs no conversion. Retrieval happens over *passages*; ``doc_id`` always names a
@@ -14,12 +15,8 @@ document of the collection (qrels are judged on documents) and ``passage_id`` a 
 
 from __future__ import annotations
 
-import errno
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dprflow.cli import StageError
+from dprflow.files import atomic_path
 
 STR = pa.string()
 I32 = pa.int32()
@@ -80,88 +77,6 @@ def schema(name: str) -> pa.Schema:
         return SCHEMAS[name]
     except KeyError:
         raise ValueError(f"unknown table schema {name!r}; known: {', '.join(sorted(SCHEMAS))}") from None
-
-
-class DiskFullError(StageError):
-    """A write ran out of disk space; the message names the path and the bytes free (and needed).
-    A stage reports it as a one-line error."""
-
-
-# What torch's zip writer says when a write came up short (it drops the errno): e.g.
-# "[enforce fail at inline_container.cc:595] . unexpected pos 116605568 vs 116605456".
-_SHORT_WRITE = ("unexpected pos", "failed writing", "PytorchStreamWriter")
-# A short write with less than this free on the device is taken as a full disk.
-_NEARLY_FULL = 64 * 2**20
-
-
-def free_bytes(path: str | os.PathLike) -> int | None:
-    """Bytes free on the device holding ``path`` (its nearest existing parent); None if unknown."""
-    path = Path(path)
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            try:
-                return shutil.disk_usage(candidate).free
-            except OSError:
-                return None
-    return None
-
-
-def disk_full_error(
-    exc: BaseException, path: str | os.PathLike, needed: int | None = None
-) -> DiskFullError | None:
-    """``exc`` as a :class:`DiskFullError` when it is a write that ran out of space, else None.
-
-    Call it before removing the partial output: the free space is measured then."""
-    if isinstance(exc, DiskFullError):
-        return exc
-    free = free_bytes(path)
-    full = (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or (
-        "No space left on device" in str(exc)
-    )
-    if not full and isinstance(exc, RuntimeError) and any(s in str(exc) for s in _SHORT_WRITE):
-        full = free is not None and free < max(_NEARLY_FULL, needed or 0)
-    if not full:
-        return None
-    need = f"{needed} bytes needed, " if needed else ""
-    where = f"{free} bytes free" if free is not None else "free space unknown"
-    return DiskFullError(
-        f"no space left on device while writing {path} ({need}{where}); the partial output was "
-        "removed: free some space (or move results/ to a larger disk) and rerun",
-    )
-
-
-def umask_mode(directory: bool = False) -> int:
-    """The mode a new file (``0o666``) or folder (``0o777``) gets under the process's umask:
-    0644 and 0755 under the usual umask 022. ``tempfile`` creates 0600 files and 0700 folders
-    whatever the umask, so outputs staged there are given this mode before they are renamed."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return (0o777 if directory else 0o666) & ~mask
-
-
-@contextmanager
-def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds.
-    The file gets the umask's mode (:func:`umask_mode`), as a file opened in place would.
-    Running out of disk space raises :class:`DiskFullError` (no partial file is left)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp)
-    try:
-        try:
-            yield tmp
-            os.chmod(tmp, umask_mode(tmp.is_dir()))
-            os.replace(tmp, path)
-        except (OSError, RuntimeError) as exc:
-            full = disk_full_error(exc, path)
-            if full is None:
-                raise
-            raise full from exc
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _conform(df: pd.DataFrame, name: str, where: str) -> pa.Table:

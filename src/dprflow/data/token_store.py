@@ -42,10 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from dprflow.data.schemas import disk_full_error
+from dprflow.files import disk_full_error
 
 FORMAT_VERSION = 1
-FILES = ("tokens", "offsets", "sentences", "doc_sentences", "importance")
 INDEX_DTYPE = np.int64
 
 
@@ -406,7 +405,7 @@ def document_ranges(store: TokenStore, min_length: int = 0) -> tuple[np.ndarray,
 def chunk_ranges(store: TokenStore, length: int, min_length: int = 1) -> tuple[np.ndarray, np.ndarray, int]:
     """Consecutive chunks of at most ``length`` tokens of every document, in order; chunks
     shorter than ``min_length`` (a document's tail) are dropped. Returns starts, stops and the
-    number dropped (the ranges of :func:`dprflow.pretraining.corpus.chunk_tokens`)."""
+    number dropped (the ranges of :func:`dprflow.pretraining.documents.chunk_tokens`)."""
     if length < 1:
         raise ValueError(f"length must be >= 1, got {length}")
     offsets = np.asarray(store.offsets, dtype=INDEX_DTYPE)

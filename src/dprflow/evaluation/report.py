@@ -19,8 +19,6 @@ import pandas as pd
 
 from dprflow import provenance
 
-STAGE_FOLDERS = {"r1": "r1", "r2": "r2", "rerank": "rerank", "distill": "distill", "zeroshot": "zeroshot"}
-
 
 def markdown_to_html(text: str) -> str:
     """Headings, pipe tables and paragraphs of our Markdown, as HTML."""

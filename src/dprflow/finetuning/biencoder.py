@@ -20,13 +20,13 @@ A saved bi-encoder is a folder::
 ``dprflow_encoder.json`` holds the :class:`EncoderConfig` (pooling, similarity, temperature,
 shared) and the training arguments under ``"extra"``. A shared folder is also a
 sentence-transformers model (``modules.json``, pooling, ``Normalize`` when cosine, the similarity
-function; :mod:`dprflow.finetuning.st_format`) with a model card, so ``SentenceTransformer(path)``
+function; :mod:`dprflow.models.st_format`) with a model card, so ``SentenceTransformer(path)``
 gives the same embeddings.
 
 The geometry (pooling, similarity, temperature) is the initial model's own unless given: a saved
 bi-encoder's ``dprflow_encoder.json``, else the model's sentence-transformers configuration (all-MiniLM-L6-v2:
 mean pooling, cosine), else CLS pooling and the dot product of the papers; the temperature
-defaults per similarity (:data:`dprflow.finetuning.st_format.DEFAULT_TEMPERATURE`).
+defaults per similarity (:data:`dprflow.models.st_format.DEFAULT_TEMPERATURE`).
 """
 
 from __future__ import annotations
@@ -44,9 +44,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dprflow.finetuning import st_format
-from dprflow.finetuning.st_format import POOLINGS, SIMILARITIES, check_choice, default_temperature
-from dprflow.model_init import resolve_model, tokenizer_from_folder
+from dprflow.models import st_format
+from dprflow.models.init import resolve_model, tokenizer_from_folder
+from dprflow.models.pooling import check_pooling, pool
+from dprflow.models.st_format import SIMILARITIES, check_choice, default_temperature
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +78,6 @@ class EncoderConfig:
         return self.similarity == "cosine"
 
 
-def check_pooling(pooling: str) -> str:
-    return check_choice(pooling, POOLINGS, "pooling")
-
-
 def encoder_settings(
     path: str | Path,
     pooling: str | None = None,
@@ -91,9 +88,9 @@ def encoder_settings(
     """The geometry a model is used with: the values given, else the model's own.
 
     The model's own: a saved bi-encoder's ``dprflow_encoder.json``; else its
-    sentence-transformers configuration (:func:`dprflow.finetuning.st_format.read_st_settings`);
+    sentence-transformers configuration (:func:`dprflow.models.st_format.read_st_settings`);
     else (a plain BERT or a pre-training checkpoint) ``cls`` and ``dot``. The temperature: a saved
-    bi-encoder's, else :func:`dprflow.finetuning.st_format.default_temperature` of the similarity.
+    bi-encoder's, else :func:`dprflow.models.st_format.default_temperature` of the similarity.
     ``path`` may be a packaged model name; a hub id's configuration is not read (it would need a
     download beside the weights): it gets ``cls`` and ``dot`` unless they are given, and says so.
     """
@@ -142,26 +139,6 @@ def encoder_settings(
         shared=shared if shared is not None else own.get("shared", True),
         source=source,
     )
-
-
-def pool(last_hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
-    """Reduce token vectors to one vector per text.
-
-    Args:
-        last_hidden: ``[B, L, H]`` last-layer hidden states.
-        attention_mask: ``[B, L]``, 1 for real tokens and 0 for padding.
-        pooling: ``"cls"``, the vector at position 0 (the [CLS] token); or ``"mean"``, the mean
-            over real tokens (special tokens included, padding excluded; sentence-transformers'
-            mean pooling).
-
-    Returns:
-        ``[B, H]``.
-    """
-    check_pooling(pooling)
-    if pooling == "cls":
-        return last_hidden[:, 0]
-    mask = attention_mask.to(last_hidden.dtype).unsqueeze(-1)  # [B, L, 1]
-    return (last_hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
 
 
 def _freeze_pooler(model: nn.Module) -> None:
@@ -338,7 +315,7 @@ class BiEncoder(nn.Module):
         """Write the model (safetensors), the tokenizer, ``dprflow_encoder.json`` and a model card into ``out_dir``.
 
         Shared: the encoder's own ``save_pretrained`` folder, so ``AutoModel.from_pretrained``
-        loads it, and a sentence-transformers folder (:func:`dprflow.finetuning.st_format.write_st_files`),
+        loads it, and a sentence-transformers folder (:func:`dprflow.models.st_format.write_st_files`),
         so ``SentenceTransformer`` loads it with this pooling and similarity. Separate:
         ``query_model/`` and ``passage_model/`` subfolders (sentence-transformers has no plain
         format for two towers; the card says how to load them). ``extra`` (the training
@@ -384,7 +361,7 @@ class BiEncoder(nn.Module):
             "dprflow fed the encoder these texts; pass the same to get its embeddings:",
             "",
             f'- a passage with a title as `f"{{title}} {sep} {{text}}"`, one without as `text` alone '
-            "(`dprflow.finetuning.examples.passage_texts`), cut to "
+            "(`dprflow.models.texts.passage_texts`), cut to "
             f"{passage_length} tokens (`max_seq_length` in `sentence_bert_config.json`);",
             f"- a query as its text, cut to {query_length} tokens: set `model.max_seq_length = {query_length}` "
             "before encoding queries (sentence-transformers keeps one length per model).",
@@ -421,7 +398,7 @@ class BiEncoder(nn.Module):
 
 
 def model_prompts(path: str | Path) -> dict[str, str]:
-    """The query and passage prompts of a model (:func:`dprflow.finetuning.st_format.read_st_prompts`):
+    """The query and passage prompts of a model (:func:`dprflow.models.st_format.read_st_prompts`):
     of a local folder, a packaged model, or a hub model's ``config_sentence_transformers.json``
     (read from the local cache, else downloaded beside the weights: never dropped)."""
     local = Path(path).expanduser()

@@ -23,7 +23,7 @@ loads with sentence-transformers' ``CrossEncoder`` and gives these scores (the r
 sigmoid): as a plain sequence-classification folder with ``pooling="cls"``; with
 ``pooling="mean"`` through the modules of sentence-transformers 6's ``CrossEncoder`` (Transformer
 -> mean Pooling -> Dense), since ``AutoModelForSequenceClassification`` always reads the pooler
-and so scores such a folder differently (:func:`dprflow.finetuning.st_format.write_cross_encoder_files`).
+and so scores such a folder differently (:func:`dprflow.models.st_format.write_cross_encoder_files`).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from dprflow.finetuning import st_format
-from dprflow.model_init import resolve_model
+from dprflow.models import st_format
+from dprflow.models.init import resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class CrossEncoder(nn.Module):
             "",
             "It scores a (query, passage) pair tokenized jointly, the passage given as "
             f'`f"{{title}} {sep} {{text}}"` when it has a title and as `text` alone otherwise '
-            "(`dprflow.finetuning.examples.passage_texts`), the pair cut to "
+            "(`dprflow.models.texts.passage_texts`), the pair cut to "
             f'{max_length} tokens longest side first (`truncation="longest_first"`, as sentence-transformers\' '
             "CrossEncoder does; the length is the saved tokenizer's `model_max_length`, which `CrossEncoder(path)` "
             "reads). Higher is more relevant; the scores are raw logits.",

@@ -34,17 +34,18 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from dprflow.cli import StageError
 from dprflow.data.ids import IdIndex
 from dprflow.data.schemas import iter_table, read_table
+from dprflow.errors import StageError
+from dprflow.models.texts import encoder_texts
 from dprflow.search.runs import read_positive_passages
-from dprflow.stage_args import OptimArgs
+from dprflow.stage_args import TrainArgs
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
-class GroupTrainingArgs(OptimArgs):
+class GroupTrainingArgs(TrainArgs):
     """The arguments every group-trained fine-tuning stage shares (retrievers and the reranker)."""
 
     init: str = field(metadata={"help": "initial checkpoint (a pre-trained encoder or model.init)"})
@@ -72,19 +73,9 @@ class TrainingQuery:
     teacher: dict[Any, float] = field(default_factory=dict)  # reranker scores (distillation)
 
 
-def encoder_texts(passages: pd.DataFrame, sep_token: str) -> np.ndarray:
-    """The text the encoders see of each passage: ``title [SEP] text`` (just the text without a title)."""
-    titles = passages["title"].str.strip()
-    return np.where(titles.eq(""), passages["text"], titles + f" {sep_token} " + passages["text"])
-
-
-def passage_texts(passages: pd.DataFrame, sep_token: str) -> dict[str, str]:
-    """Passage id -> :func:`encoder_texts` (a few passages: a run's candidates, a test's table)."""
-    return dict(zip(passages["passage_id"], encoder_texts(passages, sep_token), strict=True))
-
-
 class PassageTexts:
-    """Passage row (its place in ``passages.parquet``) -> its :func:`encoder_texts`, read from disk.
+    """Passage row (its place in ``passages.parquet``) -> its
+    :func:`~dprflow.models.texts.encoder_texts`, read from disk.
 
     :meth:`write` streams the passages table into ``texts.bin`` (the UTF-8 texts, one after the
     other) and ``offsets.npy`` (``int64 [n + 1]``) in a folder; a text is one ``pread``, so the

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dprflow.device import stage_device
+from dprflow.hardware import stage_device
 from dprflow.precision import autocast, resolve_precision
 from dprflow.progress import Progress
 
@@ -79,7 +79,7 @@ def score_with_reranker(
     (:func:`dprflow.precision.resolve_precision`)."""
     from dprflow.finetuning.biencoder import load_tokenizer
     from dprflow.finetuning.cross_encoder import CrossEncoder
-    from dprflow.finetuning.examples import passage_texts
+    from dprflow.models.texts import passage_texts
 
     tokenizer = load_tokenizer(model_dir)
     texts = passage_texts(passages, tokenizer.sep_token or "|")

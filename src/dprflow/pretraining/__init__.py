@@ -7,7 +7,7 @@
   CoT-MAE, with the n-gram PMI statistics and importance masking CDMAE needs;
 - :mod:`.query_as_context`: doc2query generation and the (passage, query) pairs of
   query-as-context pre-training;
-- :mod:`.corpus`: the generic corpus and the collection's documents as token sequences;
+- :mod:`.documents`: the generic corpus and the collection's documents as token sequences;
 - :mod:`.masking`: BERT masking shared by every MLM loss.
 
 How a loss is stepped (gradient cache, gathering across processes) is not here: see

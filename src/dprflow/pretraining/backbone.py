@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dprflow.finetuning import st_format
-from dprflow.model_init import resolve_model
+from dprflow.models import st_format
+from dprflow.models.init import resolve_model
 from dprflow.pretraining.masking import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ def save_with_extras(
     """Write ``backbone`` as a plain BERT folder and ``parts`` plus the MLM head into ``extras_dir/``.
 
     The folder is also a sentence-transformers model with ``pooling`` and the dot product, and
-    has a model card (:func:`dprflow.finetuning.st_format.write_pretrained_encoder_files`).
+    has a model card (:func:`dprflow.models.st_format.write_pretrained_encoder_files`).
 
     Each part's tensors are stored under ``<name>.``, the head's under ``lm_head.`` (without the
     output weight when it is tied to the embeddings, and without the bias, which is the

@@ -32,7 +32,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dprflow.data.schemas import atomic_path, schema
+from dprflow.data.schemas import schema
+from dprflow.files import atomic_path
 from dprflow.progress import Progress, format_seconds
 
 if TYPE_CHECKING:

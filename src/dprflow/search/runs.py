@@ -16,7 +16,8 @@ from pathlib import Path
 import pandas as pd
 
 from dprflow.data.ids import id_set, in_set
-from dprflow.data.schemas import TableWriter, atomic_path, iter_table, read_table
+from dprflow.data.schemas import TableWriter, iter_table, read_table
+from dprflow.files import atomic_path
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,9 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from dprflow.cli import StageError, run_stage
+from dprflow.cli import run_stage
 from dprflow.data.schemas import read_table
+from dprflow.errors import StageError
 from dprflow.search import bm25
 from dprflow.search.runs import write_run_pieces
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 import pandas as pd
 import yaml
 
-from dprflow.cli import StageError, run_stage
-from dprflow.data.schemas import atomic_path
+from dprflow.cli import run_stage
+from dprflow.errors import StageError
+from dprflow.files import atomic_path
 
 log = logging.getLogger("dprflow.check")
 

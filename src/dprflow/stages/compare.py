@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from dprflow.cli import StageError, run_stage
-from dprflow.data.schemas import atomic_path, read_table
+from dprflow.cli import run_stage
+from dprflow.data.schemas import read_table
+from dprflow.errors import StageError
 from dprflow.evaluation.compare import SIGNIFICANCE_TESTS, build_comparison, split_seed, to_markdown
+from dprflow.files import atomic_path
 
 log = logging.getLogger("dprflow.compare")
 

@@ -18,9 +18,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dprflow.cli import StageError, run_stage
+from dprflow.cli import run_stage
 from dprflow.data.schemas import read_table, write_table
-from dprflow.device import stage_device
+from dprflow.errors import StageError
+from dprflow.hardware import stage_device
 from dprflow.precision import PRECISIONS, autocast, resolve_precision
 from dprflow.pretraining.query_as_context.doc2query import QueryGenerator, generator_inputs
 

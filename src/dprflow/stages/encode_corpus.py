@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dprflow.cli import StageError, run_stage
+from dprflow.cli import run_stage
 from dprflow.data.schemas import read_rows, read_table
-from dprflow.device import stage_device
+from dprflow.errors import StageError
 from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer, model_prompts
-from dprflow.finetuning.examples import encoder_texts
-from dprflow.finetuning.st_format import POOLINGS, SIMILARITIES, with_prompt
+from dprflow.hardware import stage_device
+from dprflow.models.st_format import POOLINGS, SIMILARITIES, with_prompt
+from dprflow.models.texts import encoder_texts
 from dprflow.precision import PRECISIONS, resolve_precision
 from dprflow.search.dense import encode_texts, write_embeddings
 
@@ -81,7 +82,7 @@ def batch_aligned(rows: slice, batch_size: int, n: int) -> slice:
 
 
 def model_device() -> torch.device:
-    """The process's GPU when one is visible, else the CPU (:func:`dprflow.device.stage_device`)."""
+    """The process's GPU when one is visible, else the CPU (:func:`dprflow.hardware.stage_device`)."""
     return stage_device()
 
 

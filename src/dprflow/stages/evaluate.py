@@ -13,8 +13,9 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from dprflow.cli import StageError, run_stage
+from dprflow.cli import run_stage
 from dprflow.data.schemas import read_table, write_table
+from dprflow.errors import StageError
 from dprflow.evaluation.metrics import (
     evaluate_run,
     judged_qrels,

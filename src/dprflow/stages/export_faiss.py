@@ -17,9 +17,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dprflow.cli import StageError, run_stage
-from dprflow.finetuning.st_format import PACKAGED_HUB_IDS
-from dprflow.model_init import load_tokenizer, resolve_model
+from dprflow.cli import run_stage
+from dprflow.errors import StageError
+from dprflow.models.init import load_tokenizer, resolve_model
+from dprflow.models.st_format import PACKAGED_HUB_IDS
 from dprflow.search.dense import FlatIndex, write_faiss_index
 
 log = logging.getLogger("dprflow.export_faiss")

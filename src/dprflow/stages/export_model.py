@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from dprflow.cli import StageError, run_stage
-from dprflow.data.schemas import umask_mode
-from dprflow.finetuning.st_format import (
+from dprflow.cli import run_stage
+from dprflow.errors import StageError
+from dprflow.files import umask_mode
+from dprflow.models.st_format import (
     CARD_FILE,
     TRAINING_ARGS_FILE,
     card_with_metrics,

@@ -14,9 +14,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dprflow.cli import StageError, run_stage
+from dprflow.cli import run_stage
 from dprflow.data.collections import Collection, Documents
 from dprflow.data.schemas import TableWriter, write_table
+from dprflow.errors import StageError
 
 log = logging.getLogger("dprflow.ingest")
 

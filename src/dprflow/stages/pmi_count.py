@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 
 from dprflow.cli import run_stage
-from dprflow.pretraining.corpus import GENERIC_SOURCES, count_generic_texts, iter_generic_texts
+from dprflow.pretraining.documents import GENERIC_SOURCES, count_generic_texts, iter_generic_texts
 from dprflow.pretraining.mae import pmi
 
 log = logging.getLogger("dprflow.pmi_count")

@@ -28,15 +28,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dprflow.cli import StageError, run_stage
+from dprflow.cli import run_stage
 from dprflow.data.token_store import Ranges, document_ranges, window_ranges
-from dprflow.model_init import load_tokenizer
+from dprflow.errors import StageError
+from dprflow.files import scratch_dir
+from dprflow.models.init import load_tokenizer
 from dprflow.pretraining.contriever.data import PAIR_MODES, PairMaker
 from dprflow.pretraining.contriever.model import NEGATIVE_MODES, Contriever, ContrieverConfig
-from dprflow.pretraining.corpus import GENERIC_SOURCES, open_or_tokenize, scratch_dir, store_documents
-from dprflow.stage_args import OptimArgs
+from dprflow.pretraining.documents import GENERIC_SOURCES, open_or_tokenize, store_documents
+from dprflow.stage_args import TrainArgs
 from dprflow.training import distributed
-from dprflow.training.devices import set_seed
 from dprflow.training.memory import (
     EncoderShape,
     StepMemory,
@@ -47,6 +48,7 @@ from dprflow.training.memory import (
     per_process,
     world_size,
 )
+from dprflow.training.speed import set_seed
 from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.pretrain_contriever")
@@ -55,7 +57,7 @@ MIN_DOC_TOKENS = 2  # ICT needs a span and a non-empty rest; cropping needs one 
 
 
 @dataclass(kw_only=True)
-class Args(OptimArgs):
+class Args(TrainArgs):
     """Contriever contrastive pre-training on a collection's documents."""
 
     init: str = field(metadata={"help": "encoder to start from: folder, packaged name or hub id"})

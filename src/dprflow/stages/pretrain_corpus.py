@@ -21,16 +21,17 @@ from pathlib import Path
 
 import torch
 
-from dprflow.cli import StageError, run_stage
-from dprflow.model_init import load_tokenizer
+from dprflow.cli import run_stage
+from dprflow.errors import StageError
+from dprflow.files import scratch_dir
+from dprflow.models.init import load_tokenizer
 from dprflow.pretraining.backbone import read_saved_record
 from dprflow.pretraining.condenser.data import SPAN_SAMPLERS, mlm_batch, pair_batch
 from dprflow.pretraining.condenser.model import HEAD_CONFIG, HEAD_DIR, Condenser, CondenserConfig
-from dprflow.pretraining.corpus import open_or_tokenize, scratch_dir, store_documents
+from dprflow.pretraining.documents import open_or_tokenize, store_documents
 from dprflow.pretraining.masking import WHOLE_WORD_COUNTS
 from dprflow.pretraining.query_as_context import pairs as query_context
-from dprflow.stage_args import OptimArgs
-from dprflow.training.devices import set_seed
+from dprflow.stage_args import TrainArgs
 from dprflow.training.memory import (
     EncoderShape,
     StepMemory,
@@ -42,6 +43,7 @@ from dprflow.training.memory import (
     per_process,
     world_size,
 )
+from dprflow.training.speed import set_seed
 from dprflow.training.steps import cocondenser_step
 from dprflow.training.trainer import train_and_save
 
@@ -49,7 +51,7 @@ log = logging.getLogger("dprflow.pretrain_corpus")
 
 
 @dataclass(kw_only=True)
-class Args(OptimArgs):
+class Args(TrainArgs):
     """coCondenser pre-training on the target corpus's documents."""
 
     init: str = field(metadata={"help": "the stage-one Condenser folder (head included)"})

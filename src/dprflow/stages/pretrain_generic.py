@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dprflow.cli import StageError, run_stage
+from dprflow.cli import run_stage
 from dprflow.data.token_store import Ranges, chunk_ranges
-from dprflow.model_init import load_tokenizer
+from dprflow.errors import StageError
+from dprflow.files import scratch_dir
+from dprflow.models.init import load_tokenizer
 from dprflow.pretraining.condenser.data import mlm_batch
 from dprflow.pretraining.condenser.model import Condenser, CondenserConfig
-from dprflow.pretraining.corpus import GENERIC_SOURCES, open_or_tokenize, scratch_dir
-from dprflow.stage_args import OptimArgs
-from dprflow.training.devices import set_seed
+from dprflow.pretraining.documents import GENERIC_SOURCES, open_or_tokenize
+from dprflow.stage_args import TrainArgs
 from dprflow.training.memory import (
     EncoderShape,
     StepMemory,
@@ -32,13 +33,14 @@ from dprflow.training.memory import (
     per_process,
     world_size,
 )
+from dprflow.training.speed import set_seed
 from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.pretrain_generic")
 
 
 @dataclass(kw_only=True)
-class Args(OptimArgs):
+class Args(TrainArgs):
     """Pre-train a Condenser with MLM on a generic corpus."""
 
     init: str = field(metadata={"help": "the backbone's initial checkpoint (model.init)"})

@@ -30,9 +30,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dprflow.cli import StageError, run_stage
-from dprflow.model_init import load_tokenizer
-from dprflow.pretraining.corpus import GENERIC_SOURCES, open_or_tokenize, scratch_dir
+from dprflow.cli import run_stage
+from dprflow.errors import StageError
+from dprflow.files import scratch_dir
+from dprflow.models.init import load_tokenizer
+from dprflow.pretraining.documents import GENERIC_SOURCES, open_or_tokenize
 from dprflow.pretraining.mae.data import (
     CONTEXTS,
     DIRECTIONS,
@@ -45,8 +47,7 @@ from dprflow.pretraining.mae.data import (
 from dprflow.pretraining.mae.model import BottleneckedMAE, MAEConfig
 from dprflow.pretraining.mae.pmi import read_counts_mapped
 from dprflow.pretraining.query_as_context import pairs as query_context
-from dprflow.stage_args import OptimArgs
-from dprflow.training.devices import set_seed
+from dprflow.stage_args import TrainArgs
 from dprflow.training.memory import (
     EncoderShape,
     StepMemory,
@@ -57,6 +58,7 @@ from dprflow.training.memory import (
     per_process,
     world_size,
 )
+from dprflow.training.speed import set_seed
 from dprflow.training.steps import masked_count, share_chunks_step
 from dprflow.training.trainer import train_and_save
 
@@ -64,7 +66,7 @@ log = logging.getLogger("dprflow.pretrain_mae")
 
 
 @dataclass(kw_only=True)
-class Args(OptimArgs):
+class Args(TrainArgs):
     """Pre-train a bottlenecked masked auto-encoder (BMAE, CDMAE, CoT-MAE)."""
 
     variant: str = field(metadata={"help": "which MAE", "choices": list(VARIANTS)})

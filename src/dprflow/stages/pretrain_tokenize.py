@@ -4,7 +4,7 @@ Every pre-training method reads its corpus from a store (:mod:`dprflow.data.toke
 its spans, windows, chunks and pairs from it per batch. The texts are read and tokenized
 ``batch_texts`` at a time and appended to the store, so memory does not grow with the corpus; the
 store is written to a temporary folder and renamed on success. Views
-(:data:`dprflow.pretraining.corpus.VIEWS`): ``documents``, ``passages``, ``document-sentences``
+(:data:`dprflow.pretraining.documents.VIEWS`): ``documents``, ``passages``, ``document-sentences``
 (a collection's passages.parquet) and ``texts``, ``text-sentences`` (the generic corpus).
 """
 
@@ -15,8 +15,8 @@ import sys
 from dataclasses import dataclass, field
 
 from dprflow.cli import run_stage
-from dprflow.model_init import load_tokenizer
-from dprflow.pretraining.corpus import GENERIC_SOURCES, VIEWS, tokenize_view
+from dprflow.models.init import load_tokenizer
+from dprflow.pretraining.documents import GENERIC_SOURCES, VIEWS, tokenize_view
 
 log = logging.getLogger("dprflow.pretrain_tokenize")
 

@@ -14,8 +14,9 @@ import pandas as pd
 import yaml
 
 from dprflow.cli import run_stage
-from dprflow.data.schemas import atomic_path, read_table
+from dprflow.data.schemas import read_table
 from dprflow.evaluation import plots, report
+from dprflow.files import atomic_path
 
 log = logging.getLogger("dprflow.report_results")
 

@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dprflow.cli import StageError, run_stage
-from dprflow.data.schemas import atomic_path, read_table
+from dprflow.cli import run_stage
+from dprflow.data.schemas import read_table
+from dprflow.errors import StageError
+from dprflow.files import atomic_path
 from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer, model_prompts
-from dprflow.finetuning.st_format import POOLINGS, SIMILARITIES, with_prompt
+from dprflow.models.st_format import POOLINGS, SIMILARITIES, with_prompt
 from dprflow.precision import PRECISIONS, resolve_precision
 from dprflow.search.dense import (
     FlatIndex,

@@ -6,10 +6,11 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from dprflow.cli import StageError, run_stage
+from dprflow.cli import run_stage
 from dprflow.data.passages import BatchCounter, split_documents
 from dprflow.data.schemas import TableWriter, iter_table
-from dprflow.model_init import load_tokenizer
+from dprflow.errors import StageError
+from dprflow.models.init import load_tokenizer
 
 log = logging.getLogger("dprflow.split_passages")
 

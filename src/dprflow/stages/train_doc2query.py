@@ -33,15 +33,15 @@ from dprflow.pretraining.query_as_context.doc2query import (
     split_by_query,
     training_pairs,
 )
-from dprflow.stage_args import OptimArgs
-from dprflow.training.devices import set_seed
+from dprflow.stage_args import TrainArgs
+from dprflow.training.speed import set_seed
 from dprflow.training.trainer import train_and_save
 
 log = logging.getLogger("dprflow.train_doc2query")
 
 
 @dataclass(kw_only=True)
-class Args(OptimArgs):
+class Args(TrainArgs):
     """Fine-tune a doc2query generator (T5 / BART checkpoint, or BERT2BERT from an encoder)."""
 
     init: str = field(

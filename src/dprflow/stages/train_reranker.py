@@ -12,14 +12,13 @@ from pathlib import Path
 import torch
 
 from dprflow.cli import run_stage
+from dprflow.files import scratch_dir
 from dprflow.finetuning.biencoder import load_tokenizer
 from dprflow.finetuning.cross_encoder import CrossEncoder
 from dprflow.finetuning.examples import GroupTrainingArgs, read_training_examples, sample_group
 from dprflow.finetuning.losses import listwise_ce
 from dprflow.finetuning.pretokenized import GroupTokens, from_ids_if_same, pair_batch
 from dprflow.finetuning.reranking import tokenize_pairs
-from dprflow.pretraining.corpus import scratch_dir
-from dprflow.training.devices import set_seed
 from dprflow.training.memory import (
     EncoderShape,
     StepMemory,
@@ -28,6 +27,7 @@ from dprflow.training.memory import (
     per_process,
     world_size,
 )
+from dprflow.training.speed import set_seed
 from dprflow.training.steps import share_chunks_step
 from dprflow.training.trainer import train_and_save
 

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import torch
 
-from dprflow.cli import StageError, run_stage
+from dprflow.cli import run_stage
+from dprflow.errors import StageError
+from dprflow.files import scratch_dir
 from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer, model_prompts
 from dprflow.finetuning.examples import GroupTrainingArgs, read_training_examples, sample_group
 from dprflow.finetuning.losses import contrastive_loss, distillation_loss
 from dprflow.finetuning.pretokenized import GroupTokens, from_ids_if_same, single_batch
-from dprflow.pretraining.corpus import scratch_dir
 from dprflow.training import distributed
 from dprflow.training.memory import (
     EncoderShape,

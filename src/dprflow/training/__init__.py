@@ -3,9 +3,9 @@
 - :mod:`.trainer`: the loop (``Trainer``: micro-batches, clipping, optimizer step, log,
   checkpoints) and ``train_and_save``;
 - :mod:`.optim`: ``TrainArgs``, AdamW's parameter groups (fused on a GPU), warm-up and decay;
-- :mod:`.devices`: mixed precision, TF32, the attention kernel, ``torch.compile`` of the layers,
+- :mod:`.speed`: mixed precision, TF32, the attention kernel, ``torch.compile`` of the layers,
   copies to the GPU, padding multiples: each decision a function of the device's properties
-  (:class:`dprflow.device.DeviceInfo`), so the GPU branches are tested on a CPU;
+  (:class:`dprflow.hardware.DeviceInfo`), so the GPU branches are tested on a CPU;
 - :mod:`.checkpoints`: checkpoints, resume, and the identity (arguments, inputs, code) that allows it;
 - :mod:`.store`: the finished-model store (a rerun with the same arguments, inputs, code and
   stored bytes puts the final model back instead of training);

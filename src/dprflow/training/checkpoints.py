@@ -11,7 +11,7 @@ from other data or by other code is ignored, and the log names what differs (doc
 A checkpoint is read with ``torch.load(weights_only=True)``: tensors and plain containers only,
 so a results folder from elsewhere cannot run code on resume. A checkpoint that holds anything
 else is refused with an error. A write that runs out of disk space is reported as such and leaves
-no folder that looks finished (:func:`dprflow.data.schemas.disk_full_error`).
+no folder that looks finished (:func:`dprflow.files.disk_full_error`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from dprflow.data.schemas import disk_full_error
+from dprflow.files import disk_full_error
 from dprflow.training.store import CODE_FILE, IDENTITY_FILE, code_changes, code_record, read_code
 
 log = logging.getLogger(__name__)

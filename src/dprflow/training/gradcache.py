@@ -23,7 +23,7 @@ default ``w_c = N_c / N``, right for a per-row mean; a per-token mean weights by
 
 Dropout: the recomputation in step 3 must see the same dropout masks as step 1, else the cached
 ``v_j`` belong to other representations. The torch random state (CPU, and the model's GPU when
-it runs on one: :func:`dprflow.training.devices.rng_devices`) is saved before each chunk's step-1
+it runs on one: :func:`dprflow.training.speed.rng_devices`) is saved before each chunk's step-1
 forward and restored around its step-3 forward, as the GradCache library's ``RandContext`` does. Step 3 runs inside ``torch.random.fork_rng``, so after
 the call the random state is the one left by step 1 whatever the chunking.
 
@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from dprflow.training.devices import rng_devices
+from dprflow.training.speed import rng_devices
 
 
 class ChunkLoss(NamedTuple):

@@ -54,9 +54,9 @@ from typing import Any
 
 import torch
 
-from dprflow import device as hardware
-from dprflow.device import DeviceInfo
-from dprflow.training.devices import layers_in, transformers_in
+from dprflow import hardware
+from dprflow.hardware import DeviceInfo
+from dprflow.training.speed import layers_in, transformers_in
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def encoder_shape(init: str) -> EncoderShape:
     model folder or a hub id), read from its ``config.json`` only."""
     from transformers import AutoConfig
 
-    from dprflow.model_init import resolve_model
+    from dprflow.models.init import resolve_model
 
     return EncoderShape.of(AutoConfig.from_pretrained(resolve_model(init)))
 

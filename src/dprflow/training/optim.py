@@ -1,4 +1,4 @@
-"""AdamW with a linear warm-up and decay, and the trainer's settings (:class:`TrainArgs`).
+"""AdamW with a linear warm-up and decay, read from a stage's :class:`~dprflow.stage_args.TrainArgs`.
 
 No weight decay for biases and LayerNorm; weights a loader created at random may get their own
 peak learning rate; AdamW runs its fused kernel on a GPU when ``fused_adamw`` is set (the update
@@ -7,41 +7,12 @@ is the same to float rounding; ``tests/test_training_speed.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import fields
 from typing import Any
 
 import torch
 
-
-@dataclass
-class TrainArgs:
-    """Optimisation settings of one training stage."""
-
-    batch_size: int = 8  # queries per optimizer step, over all processes
-    learning_rate: float = 2e-5
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    head_learning_rate: float = 0.0  # weights the model created at random (0: learning_rate)
-    epochs: int = 1
-    max_steps: int = 0  # > 0: exactly this many optimizer steps, whatever epochs says; 0: epochs
-    stop_at_step: int = 0  # > 0: stop after this many steps of the schedule above (0: run it all)
-    seed: int = 13
-    checkpoint_every: int = 100
-    max_grad_norm: float = 1.0  # 0: no clipping
-    precision: str = "auto"  # auto (bf16/fp16 on GPU, fp32 on CPU), fp32, bf16, fp16
-    gradient_accumulation_steps: int = 1  # micro-batches per optimizer step (see Trainer)
-    gradient_checkpointing: bool = False  # recompute activations in the backward pass
-    num_workers: int = 0  # DataLoader worker processes that build the batches (0: this process)
-    # Speed switches (dprflow.training.devices); none changes the math beyond float rounding.
-    fused_adamw: bool = True  # AdamW's fused kernel (GPU only)
-    tf32: bool = True  # TF32 tensor cores for fp32 matrix products (GPU only)
-    compile: bool = False  # torch.compile the Transformers
-    attention: str = "sdpa"  # the Transformers' attention kernel
-    log_every: int = 10  # read the logged values back every N steps (one host sync each time)
-    chunk_from_memory: bool = True  # gradient cache chunk: the largest that fits (GPU only)
-    pad_to_multiple_of: str | int = "auto"  # batch length: a multiple of this (auto: 8 on GPU, 0 on CPU)
-    pretokenize: bool = True  # retriever and reranker batches from ids tokenized once (same batches)
-
+from dprflow.stage_args import TrainArgs
 
 # Stage arguments that describe where things go or how fast, not what is trained: they do not
 # enter the checkpoint identity, so moving the output or changing threads, loader workers, the
@@ -60,9 +31,9 @@ NON_IDENTITY_ARGS = (
 )
 
 
-def train_args_from(args: Any) -> TrainArgs:
-    """The optimisation settings of a stage's argument dataclass (same field names)."""
-    return TrainArgs(**{f: getattr(args, f) for f in TrainArgs.__dataclass_fields__ if hasattr(args, f)})
+def train_args_from(args: TrainArgs) -> TrainArgs:
+    """The :class:`TrainArgs` part of a stage's arguments (a subclass of it), as the Trainer takes."""
+    return TrainArgs(**{f.name: getattr(args, f.name) for f in fields(TrainArgs)})
 
 
 def total_steps(n_items: int, args: TrainArgs) -> int:

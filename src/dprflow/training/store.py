@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from dprflow import provenance
-from dprflow.data.schemas import disk_full_error, umask_mode
+from dprflow.files import disk_full_error, umask_mode
 from dprflow.training.tracking import EVENTS_DIR
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ class FinishedStore:
     def keep(self, write_model: Callable[[Path], None], events: Path | None, needed: int) -> None:
         """Write the final model folder into the store (``write_model(folder)``), pack the event
         files of ``events`` and record the identity, the code and every file's SHA-256. A full
-        disk raises :class:`~dprflow.data.schemas.DiskFullError` and leaves no partial store."""
+        disk raises :class:`~dprflow.files.DiskFullError` and leaves no partial store."""
         tmp = self.folder.with_name(f".{self.folder.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -219,7 +219,7 @@ class FinishedStore:
 
     def put_back(self, out: Path, needed: int) -> None:
         """Copy the stored model folder to ``out`` (atomically; event files unpacked). A full disk
-        raises :class:`~dprflow.data.schemas.DiskFullError` naming the store, which keeps the model."""
+        raises :class:`~dprflow.files.DiskFullError` naming the store, which keeps the model."""
         tmp = out.parent / f".{out.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         try:

@@ -76,7 +76,7 @@ class EventLog:
 def write_log(history: list[dict], path: Path) -> None:
     """``train_log.csv``: one row per optimizer step, written atomically (a full disk is reported
     with the path and the bytes free, and leaves no partial file)."""
-    from dprflow.data.schemas import disk_full_error
+    from dprflow.files import disk_full_error
 
     if not history:
         return

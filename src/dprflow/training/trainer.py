@@ -1,7 +1,7 @@
 """The training loop shared by every training stage (pre-training, doc2query, retrievers, reranker).
 
 One code path for CPU and GPU, one process or several (``torchrun``): AdamW with a linear warm-up
-and decay (:mod:`.optim`), mixed precision and the speed switches (:mod:`.devices`), gradient
+and decay (:mod:`.optim`), mixed precision and the speed switches (:mod:`.speed`), gradient
 accumulation, gradient checkpointing, clipping, batches built in DataLoader workers when asked
 (:mod:`.batches`), a per-step log (``train_log.csv`` and TensorBoard events, :mod:`.tracking`),
 resumable checkpoints (:mod:`.checkpoints`) and the finished-model store (:mod:`.store`).
@@ -37,14 +37,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from dprflow import device as hardware
-from dprflow import provenance
-from dprflow.cli import StageError
+from dprflow import hardware, provenance
+from dprflow.errors import StageError
 from dprflow.progress import format_seconds
+from dprflow.stage_args import TrainArgs
 from dprflow.training import distributed, memory, steps
 from dprflow.training.batches import StepBatches, count_tokens, split_rows, step_loader
 from dprflow.training.checkpoints import Checkpoints, state_bytes
-from dprflow.training.devices import (
+from dprflow.training.optim import (
+    NON_IDENTITY_ARGS,
+    adamw,
+    linear_schedule,
+    parameter_groups,  # noqa: F401 (imported from here by tests)
+    steps_run,
+    total_steps,
+    train_args_from,
+)
+from dprflow.training.speed import (
     autocast_context,
     compile_transformers,
     cuda_rng_state,
@@ -58,16 +67,6 @@ from dprflow.training.devices import (
     tf32_applies,
     to_device,
     use_fused_adamw,
-)
-from dprflow.training.optim import (
-    NON_IDENTITY_ARGS,
-    TrainArgs,
-    adamw,
-    linear_schedule,
-    parameter_groups,  # noqa: F401 (imported from here by tests)
-    steps_run,
-    total_steps,
-    train_args_from,
 )
 from dprflow.training.store import FINISHED_DIR, FinishedStore
 from dprflow.training.tracking import EVENTS_DIR, EventLog, StepLog, write_log
@@ -158,7 +157,7 @@ class Trainer:
         pad_id: int = 0,
     ) -> None:
         self.dist = distributed.init_from_env()
-        # What the GPU-only decisions read (dprflow.device); tensors go to self.dist.device.
+        # What the GPU-only decisions read (dprflow.hardware); tensors go to self.dist.device.
         self.device_info = hardware.device_info(self.dist.device)
         self.manual_backward = manual_backward
         self.args = args
@@ -235,7 +234,7 @@ class Trainer:
         )
 
     def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The model on its device with the configured kernels (:mod:`.devices`)."""
+        """The model on its device with the configured kernels (:mod:`.speed`)."""
         args, device = self.args, self.dist.device
         if args.gradient_checkpointing:
             enable = getattr(model, "gradient_checkpointing_enable", None)

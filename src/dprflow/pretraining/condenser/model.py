@@ -399,7 +399,7 @@ def authors_head_state(path: str | Path) -> dict[str, torch.Tensor] | None:
     folder, or a hub id whose repository may hold ``model.pt`` (read from the local cache or
     downloaded; a repository without it, or an offline hub without it cached, gives None).
     """
-    from dprflow.model_init import resolve_model
+    from dprflow.models.init import resolve_model
 
     local = Path(resolve_model(str(path)))
     if local.is_dir():

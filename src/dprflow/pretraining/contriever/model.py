@@ -72,9 +72,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dprflow.finetuning import st_format
-from dprflow.finetuning.biencoder import pool
-from dprflow.model_init import resolve_model
+from dprflow.models import st_format
+from dprflow.models.init import resolve_model
+from dprflow.models.pooling import pool
 
 log = logging.getLogger(__name__)
 

@@ -54,9 +54,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dprflow.cli import StageError
-from dprflow.finetuning.examples import passage_texts
-from dprflow.model_init import resolve_model
+from dprflow.errors import StageError
+from dprflow.models.init import resolve_model
+from dprflow.models.texts import passage_texts
 from dprflow.progress import format_seconds
 from dprflow.search.runs import positive_passages
 

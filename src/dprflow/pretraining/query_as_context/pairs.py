@@ -30,9 +30,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dprflow.cli import StageError
 from dprflow.data.ids import IdIndex
 from dprflow.data.schemas import read_table
+from dprflow.errors import StageError
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def _store_items(
     import pyarrow.parquet as pq
 
     from dprflow.data.token_store import TokenStoreWriter, reorder
-    from dprflow.pretraining.corpus import passage_batches
+    from dprflow.pretraining.documents import passage_batches
 
     pids = pq.read_table(passages_path, columns=["passage_id"])["passage_id"].combine_chunks()
     if len(pids) != len(store):

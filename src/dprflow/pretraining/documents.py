@@ -28,20 +28,16 @@ tested against (``tests/test_token_store.py``: the same seed gives the same batc
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import json
 import logging
-import os
 import shutil
-import socket
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from dprflow.cli import StageError
+from dprflow.errors import StageError
 
 log = logging.getLogger(__name__)
 
@@ -401,34 +397,3 @@ def store_documents(store, min_length: int, where: str):
     if len(starts) < 2:
         raise StageError(f"{where}: fewer than 2 documents have {min_length} tokens or more: {counts}")
     return Ranges(store, starts, stops), counts
-
-
-@contextlib.contextmanager
-def scratch_dir(out: str | Path) -> Iterator[str]:
-    """A folder beside a stage's output for a store it writes itself, removed on exit. It is made
-    only when something is written there (a view tokenized by :func:`open_or_tokenize`, CoT-MAE's
-    spans, query-as-context's query store, the fine-tuning stages' passage texts): a stage that
-    stops before reading its corpus (the memory check) leaves nothing on disk."""
-    out = Path(out)
-    host = socket.gethostname()
-    for stale in out.parent.glob(f".{glob.escape(out.name)}.{glob.escape(host)}.*.tokens"):
-        # A folder of a process killed on this host (kill -9 skips the clean-up below); processes
-        # on other hosts (ranks of a multi-node job) are not this host's to judge.
-        pid = stale.name.rsplit(".", 2)[-2]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)
-    path = out.parent / f".{out.name}.{host}.{os.getpid()}.tokens"
-    try:
-        yield str(path)
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True

@@ -1,4 +1,5 @@
-"""Devices and precision of a training stage, apart from the loop (as Hugging Face accelerate does).
+"""How fast a training stage computes on its device: precision and the speed switches, apart from
+the loop (as Hugging Face accelerate does).
 
 - mixed precision (:mod:`dprflow.precision`): the autocast context and, for fp16, a loss scaler;
 - the speed switches of the config's ``training`` section, each leaving the math unchanged up to
@@ -8,7 +9,7 @@
 - the seed of Python's, numpy's and torch's generators.
 
 Every decision that differs on a GPU is a small function of the device's properties
-(:class:`dprflow.device.DeviceInfo`: :func:`use_fused_adamw`, :func:`pin_memory`,
+(:class:`dprflow.hardware.DeviceInfo`: :func:`use_fused_adamw`, :func:`pin_memory`,
 :func:`tf32_applies`, :func:`autocast_context`) or of where the tensors are (:func:`ddp_device_ids`,
 :func:`rng_devices`), so ``tests/test_gpu_path.py`` runs each GPU branch on a CPU with a GPU's
 properties given as values.
@@ -27,8 +28,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from dprflow import device as hardware
-from dprflow.device import AMPERE, DeviceInfo
+from dprflow import hardware
+from dprflow.hardware import AMPERE, DeviceInfo
 from dprflow.precision import autocast as precision_autocast
 from dprflow.precision import resolve_precision
 

@@ -1,0 +1,61 @@
+def compare_results_dir(wildcards, output):
+    """The results folder the compared metrics files are relative to (where compare.md goes)."""
+    return os.path.dirname(output.md)
+
+
+def paper_references():
+    """collection=reference pairs for the comparison's table beside the papers."""
+    pairs = [
+        f"{c}={spec['reference']}"
+        for c, spec in config["collections"].items()
+        if spec["reference"]
+    ]
+    return pairs
+
+
+def scored_splits():
+    """collection=split pairs: the query split each collection's comparison scores."""
+    return [f"{c}={spec['eval_split']}" for c, spec in config["collections"].items()]
+
+
+def trained_on_collections():
+    """Collections whose scored split is their training split (score_training_queries)."""
+    return [
+        c
+        for c in training_collections()
+        if config["collections"][c]["eval_split"]
+        == config["collections"][c]["train_split"]
+    ]
+
+
+def trec_qrels_files():
+    """Each collection's qrels of its scored split as a TREC file, beside the rows' run.doc.trec."""
+    return [
+        f"{RESULTS}/{c}/collection/qrels.{spec['eval_split']}.trec"
+        for c, spec in config["collections"].items()
+    ]
+
+
+def hub_folders():
+    """The upload-ready folder of every trained model of every row (export_model)."""
+    return [
+        f"{RESULTS}/{c}/{m}/seed-{seed}/{stage}/hub"
+        for c in training_collections()
+        for m in config["methods"]
+        for seed in finetune_seeds()
+        for stage in method_stages(m)
+    ]
+
+
+def metrics_files():
+    return [f"{RESULTS}/{c}/{s}/metrics.parquet" for c, s in scored_rows()]
+
+
+def encoder_files():
+    """The encoder.json of every dense row: the pooling and similarity the table shows."""
+    return [f"{RESULTS}/{c}/{s}/encoder.json" for c, s in scored_rows() if is_dense(s)]
+
+
+def row_order():
+    """The method order of the table's rows: the reference models first, then config methods."""
+    return [*REFERENCES, *config["methods"]]

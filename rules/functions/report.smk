@@ -1,0 +1,72 @@
+def report_results_dir(wildcards, output):
+    """The results folder (the report pages live in its report/ subfolder)."""
+    return os.path.dirname(os.path.dirname(output.html))
+
+
+def nb_recall_files():
+    """Retriever 1's and 2's recall of the negatives (methods with both rows)."""
+    return [
+        f"{RESULTS}/{c}/{m}/seed-{s}/nb_recall.parquet"
+        for c in training_collections()
+        for m in config["methods"]
+        if {"r1", "r2"} <= set(method_stages(m))
+        for s in finetune_seeds()
+    ]
+
+
+def pretrained_models(collection, method):
+    """Every pre-training model folder of a method (stage one and two), for the loss curves."""
+    if method == "condenser":
+        return condenser_stage_one()
+    if method in ("cocondenser", "qac-cocondenser"):
+        return condenser_stage_one() + [
+            f"{RESULTS}/{collection}/{method}/pretrain/model"
+        ]
+    if method == "contriever":
+        return [f"{RESULTS}/{collection}/contriever/pretrain/model"]
+    if method == "qac-cotmae" or method in MAE_METHODS:
+        # no generic stage when the corpus stage starts from pretrain.mae.corpus_init
+        generic = QAC_METHODS.get(method, method)
+        stage_one = (
+            []
+            if PT["mae"]["corpus_init"]
+            else [f"{RESULTS}/pretrain/{generic}/generic/model"]
+        )
+        return stage_one + [f"{RESULTS}/{collection}/{method}/pretrain/model"]
+    return []
+
+
+def training_model_dirs():
+    """The model folder of every training stage of the run; each holds its train_log.csv."""
+    dirs = []
+    for c in training_collections():
+        for m in config["methods"]:
+            dirs += pretrained_models(c, m)
+            dirs += [
+                f"{RESULTS}/{c}/{m}/seed-{seed}/{s}/model"
+                for seed in finetune_seeds()
+                for s in method_stages(m)
+            ]
+    return list(dict.fromkeys(dirs))
+
+
+def config_json():
+    """The config the report records, less RESOURCE_SETTINGS: they change no result, and a
+    param of this rule would rerun it (the report) when one changed."""
+    recorded = copy.deepcopy(config)
+    for key in RESOURCE_SETTINGS:
+        *sections, name = key.split(".")
+        node = recorded
+        for section in sections:
+            node = node.get(section, {})
+        node.pop(name, None)
+    return json.dumps(recorded, sort_keys=True)
+
+
+def expected_metrics_file(wildcards):
+    path = config["evaluation"]["expected"]
+    if not path:
+        raise ValueError(
+            "evaluation.expected is not set: name a file of expected metrics to check against"
+        )
+    return path

@@ -1,0 +1,51 @@
+def reranker_init():
+    return FT["reranker"]["init"] or config["model"]["init"]
+
+
+def reranker_init_input(wildcards):
+    """The reranker's initial model when it is a local folder."""
+    return local_paths(reranker_init())
+
+
+def reranker_init_fingerprint(wildcards):
+    """The content of a local reranker start folder (see content_fingerprint)."""
+    return content_fingerprint(reranker_init())
+
+
+def reranker_pooling():
+    """The cross-encoder head's pooling: as configured, else model.pooling when the reranker
+    starts from model.init; None leaves the stage to take the initial model's own (its
+    sentence-transformers pooling: mean for all-MiniLM-L6-v2), else BERT's [CLS] pooler.
+    """
+    r = FT["reranker"]
+    return r["pooling"] or (None if r["init"] else config["model"]["pooling"])
+
+
+def reranker_flags(wildcards):
+    r = FT["reranker"]
+    pooling = reranker_pooling()
+    return (
+        (f"--pooling {q(pooling)} " if pooling else "")
+        + f"--method {q(wildcards.method)}"
+        + optim_flags(r)
+        + f" --max-length {q(r['max_length'])} --head-learning-rate {q(r['head_learning_rate'])}"
+        + f" --chunk-size {q(r['chunk_size'])}"
+        + f" --seed {q(wildcards.seed)}"
+        + f" {training_flags(config, SCHEMA)}"
+    )
+
+
+def train_reranker_mem_mb(wildcards):
+    return _train_resources(FT["reranker"], wildcards.collection)[0]
+
+
+def train_reranker_runtime(wildcards):
+    return _train_resources(FT["reranker"], wildcards.collection)[1]
+
+
+def rerank_runtime(wildcards):
+    """K3 pairs per query; the evaluation queries are at most a tenth of the training ones here."""
+    pairs = FT["reranker"]["depth"] * max(
+        1000, train_queries_estimate(wildcards.collection) // 10
+    )
+    return int(15 + pairs / ENCODE_PER_S / 60)
