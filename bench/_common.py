@@ -99,7 +99,7 @@ def stage_step(
         "retriever": (train_retriever, ["--queries", "q", "--qrels", "r", "--passages", "p", "--negatives", "n",
                                         "--batch-size", batch_size, "--group-size", group_size,
                                         "--max-query-length", 18, "--max-passage-length", seq_len]),
-        "condenser": (pretrain_generic, ["--batch-size", batch_size, "--max-length", seq_len]),
+        "condenser": (pretrain_generic, ["--corpus", "pydoc", "--batch-size", batch_size, "--max-length", seq_len]),
         # rows 2j and 2j + 1: two spans of document j
         "cocondenser": (pretrain_corpus, ["--passages", "p", "--batch-size", batch_size // 2, "--span-min", 1,
                                           "--span-max", seq_len - 2]),

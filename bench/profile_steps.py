@@ -65,6 +65,7 @@ def fixed_size_mlm_loss(lm_head, hidden, labels):
     total = F.cross_entropy(lm_head(picked), flat.index_select(0, index), reduction="sum", ignore_index=-100)
     return total / selected.sum().clamp(min=1)
 
+
 if __name__ == "__main__":
     argv = sys.argv[1:]
     if argv[:1] == ["--rows"]:

@@ -80,7 +80,9 @@ def generic_argv(out: Path, init, **extra) -> list[str]:
 def test_each_pretraining_step_counts_its_methods_extra_costs(tmp_path):
     """Condenser's head layers, the MAE decoder, MoCo's key encoder and queue, and the gradient
     cache each change the estimate the way the model does (BERT-base, fp32)."""
-    cond = stage(pretrain_generic, generic_argv(tmp_path, "x", batch_size=256, max_length=512))
+    cond = stage(
+        pretrain_generic, generic_argv(tmp_path, "x", corpus="pydoc", batch_size=256, max_length=512)
+    )
     step = pretrain_generic.step_memory(cond, BERT_BASE, world=1)
     assert step.extra_layers == ((256, 512, 2),) and step.masked_tokens == 2 * 256 * 77
     # The issue's 256 x 512 Condenser batch: far above any host's memory.
@@ -124,7 +126,7 @@ def test_each_pretraining_step_counts_its_methods_extra_costs(tmp_path):
 
 
 def test_gradient_checkpointing_and_accumulation_lower_the_estimate(tmp_path):
-    argv = generic_argv(tmp_path, "x", batch_size=256, max_length=128)
+    argv = generic_argv(tmp_path, "x", corpus="pydoc", batch_size=256, max_length=128)
     plain = pretrain_generic.step_memory(stage(pretrain_generic, argv), BERT_BASE, world=1)
     ckpt = pretrain_generic.step_memory(
         stage(pretrain_generic, [*argv, "--gradient-checkpointing", "true"]), BERT_BASE, world=1
@@ -262,7 +264,7 @@ def test_each_pretraining_stage_stops_before_reading_its_corpus(tiny_init, tmp_p
     """The stages fail at once (the corpus files do not even exist), with the estimate, the
     limit and the config keys, and leave no output."""
     cases = [
-        (pretrain_generic, {"batch_size": 4096, "max_length": 128}, None,
+        (pretrain_generic, {"corpus": "pydoc", "batch_size": 4096, "max_length": 128}, None,
          "pretrain.condenser.batch_size, pretrain.condenser.max_length"),
         (pretrain_corpus, {"passages": tmp_path / "none.parquet", "batch_size": 2048, "span_max": 64},
          "pretrain.cocondenser.chunk_size", "pretrain.cocondenser.batch_size, pretrain.cocondenser.span_max"),

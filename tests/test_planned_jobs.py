@@ -79,7 +79,7 @@ def _variant(workdir: Path, config: dict, name: str, **finetune) -> Path:
 def test_checkpoint_interval_and_threads_rerun_no_job(finished_tiny_results):
     """Issue 41 item 4g: a finetune.checkpoint_every change reran report_results (the whole config
     was its param), where docs/failures.md says it reruns no job; the report's config leaves out
-    the settings that decide only how jobs run (common.smk's RESOURCE_SETTINGS)."""
+    the settings that decide only how jobs run (dprflow.rule_flags.RESOURCE_SETTINGS)."""
     workdir, config = finished_tiny_results
     assert planned_jobs(workdir, _variant(workdir, config, "every", checkpoint_every=50)) == {}
     threads = planned_jobs(

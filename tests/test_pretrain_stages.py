@@ -38,6 +38,8 @@ def generic(tiny_init, tmp_path_factory):
     args = [
         "--init",
         str(tiny_init),
+        "--corpus",
+        "pydoc",
         "--out",
         str(out / "model"),
         "--checkpoint-dir",

@@ -278,6 +278,7 @@ def test_precision_on_a_gpu_uses_bf16_only_where_supported():
 
 # ---- the settings reach each stage's command line (dry run) -----------------------------------
 
+
 def test_queries_are_encoded_in_the_precision_recorded_with_their_passages(tmp_path, caplog):
     import numpy as np
 
@@ -454,7 +455,9 @@ def test_embeddings_are_dropped_after_search_when_asked_and_faiss_folders_writte
     row = "results/stdlib/none/zeroshot/run.parquet"
     kept = all_methods_plan(tmp_path / "kept", "finetune: {keep_embeddings: true}\n", row)
     assert f"Temp file {shard}" not in kept and f"output: {shard}" in kept
-    dropped = all_methods_plan(tmp_path / "dropped", "finetune: {keep_embeddings: false, faiss_index: true}\n")
+    dropped = all_methods_plan(
+        tmp_path / "dropped", "finetune: {keep_embeddings: false, faiss_index: true}\n"
+    )
     assert f"Temp file {shard}" in dropped
     exports = [line for line in dropped.splitlines() if "dprflow.stages.export_faiss" in line]
     searches = [line for line in dropped.splitlines() if "dprflow.stages.search_dense" in line]

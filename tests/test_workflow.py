@@ -100,7 +100,7 @@ def test_second_run_does_nothing(finished_run):
 
 def test_changing_the_bm25_heap_reruns_nothing(finished_run, tmp_path):
     """bm25.heap_mb bounds the JVM's memory and changes no output: a job resource, not a param,
-    and left out of the config the report records (common.smk's RESOURCE_SETTINGS)."""
+    and left out of the config the report records (dprflow.rule_flags.RESOURCE_SETTINGS)."""
     workdir, config = finished_run
     changed = yaml.safe_load(config.read_text())
     changed.setdefault("bm25", {})["heap_mb"] = 1024

@@ -7,7 +7,7 @@ A training stage's argument dataclass subclasses :class:`TrainArgs`, which is al
 - :class:`TrainingSettings`: the config's ``training`` section, one field per key of
   ``config/schema.yaml`` (``tests/test_training_settings.py`` holds them equal, names and
   defaults, and checks that each key set in a config reaches every training stage; the rules
-  build these flags from the schema's keys, ``training_flags`` in ``rules/common.smk``);
+  build these flags from the schema's keys, :func:`dprflow.rule_flags.training_flags`);
 - :class:`JobArgs`: what the job was given (threads, memory), never what is trained.
 
 It lives beside :mod:`dprflow.cli`, not in the training machinery, so that argument dataclasses

@@ -32,6 +32,7 @@ import json
 import logging
 import shutil
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,27 @@ from dprflow.errors import StageError
 log = logging.getLogger(__name__)
 
 GENERIC_SOURCES = ("pydoc", "jsonl", "passages")
+
+
+@dataclass(kw_only=True)
+class CorpusArgs:
+    """The command-line fields of a stage that reads a corpus of texts: the generic corpus
+    (``pretrain.generic_corpus``) or a collection's passages. A stage that needs one checks it
+    with :meth:`check_corpus`."""
+
+    corpus: str | None = field(
+        default=None,
+        metadata={
+            "help": "where the texts come from: pydoc (the installed Python's documentation), jsonl "
+            "(a JSON-lines file of texts) or passages (a passages.parquet); the last two with --corpus-path",
+            "choices": list(GENERIC_SOURCES),
+        },
+    )
+    corpus_path: str | None = field(default=None, metadata={"help": "the file of --corpus jsonl or passages"})
+
+    def check_corpus(self) -> None:
+        if self.corpus is None:
+            raise ValueError("give --corpus")
 
 
 def generic_texts(source: str, path: str | None = None) -> list[str]:

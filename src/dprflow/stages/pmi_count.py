@@ -16,19 +16,17 @@ import sys
 from dataclasses import dataclass, field
 
 from dprflow.cli import run_stage
-from dprflow.pretraining.documents import GENERIC_SOURCES, count_generic_texts, iter_generic_texts
+from dprflow.pretraining.documents import CorpusArgs, count_generic_texts, iter_generic_texts
 from dprflow.pretraining.mae import pmi
 
 log = logging.getLogger("dprflow.pmi_count")
 
 
 @dataclass
-class Args:
+class Args(CorpusArgs):
     """Count the word n-grams of one shard of a corpus."""
 
-    corpus: str = field(metadata={"help": "corpus source", "choices": list(GENERIC_SOURCES)})
     out: str = field(metadata={"help": "ngram_counts Parquet table of this shard"})
-    corpus_path: str | None = field(default=None, metadata={"help": "jsonl file or passages.parquet"})
     shard: int = field(default=0, metadata={"help": "this shard's index, 0-based"})
     shards: int = field(default=1, metadata={"help": "number of shards"})
     max_n: int = field(default=pmi.DEFAULT_MAX_N, metadata={"help": "largest n-gram order L (CDMAE: 4)"})
@@ -42,6 +40,7 @@ class Args:
     spill_dir: str | None = field(default=None, metadata={"help": "folder for spilled runs (default: temp)"})
 
     def check(self) -> None:
+        self.check_corpus()
         if not 0 <= self.shard < self.shards:
             raise ValueError(f"--shard {self.shard} is outside 0..{self.shards - 1}")
 

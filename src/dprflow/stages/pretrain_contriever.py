@@ -35,7 +35,7 @@ from dprflow.files import scratch_dir
 from dprflow.models.init import load_tokenizer
 from dprflow.pretraining.contriever.data import PAIR_MODES, PairMaker
 from dprflow.pretraining.contriever.model import NEGATIVE_MODES, Contriever, ContrieverConfig
-from dprflow.pretraining.documents import GENERIC_SOURCES, open_or_tokenize, store_documents
+from dprflow.pretraining.documents import CorpusArgs, open_or_tokenize, store_documents
 from dprflow.stage_args import TrainArgs
 from dprflow.training import distributed
 from dprflow.training.memory import (
@@ -57,7 +57,7 @@ MIN_DOC_TOKENS = 2  # ICT needs a span and a non-empty rest; cropping needs one 
 
 
 @dataclass(kw_only=True)
-class Args(TrainArgs):
+class Args(TrainArgs, CorpusArgs):
     """Contriever contrastive pre-training on a collection's documents."""
 
     init: str = field(metadata={"help": "encoder to start from: folder, packaged name or hub id"})
@@ -65,15 +65,6 @@ class Args(TrainArgs):
         default=None,
         metadata={"help": "passages.parquet of the collection (documents: grouped by doc_id)"},
     )
-    corpus: str | None = field(
-        default=None,
-        metadata={
-            "help": "pre-train on this generic corpus instead of --passages (Contriever Appendix A: "
-            "Wikipedia, CCNet), with --corpus-path",
-            "choices": list(GENERIC_SOURCES),
-        },
-    )
-    corpus_path: str | None = field(default=None, metadata={"help": "--corpus's jsonl or passages.parquet"})
     tokens: str | None = field(
         default=None,
         metadata={

@@ -21,7 +21,7 @@ from dprflow.files import scratch_dir
 from dprflow.models.init import load_tokenizer
 from dprflow.pretraining.condenser.data import mlm_batch
 from dprflow.pretraining.condenser.model import Condenser, CondenserConfig
-from dprflow.pretraining.documents import GENERIC_SOURCES, open_or_tokenize
+from dprflow.pretraining.documents import CorpusArgs, open_or_tokenize
 from dprflow.stage_args import TrainArgs
 from dprflow.training.memory import (
     EncoderShape,
@@ -40,16 +40,12 @@ log = logging.getLogger("dprflow.pretrain_generic")
 
 
 @dataclass(kw_only=True)
-class Args(TrainArgs):
+class Args(TrainArgs, CorpusArgs):
     """Pre-train a Condenser with MLM on a generic corpus."""
 
     init: str = field(metadata={"help": "the backbone's initial checkpoint (model.init)"})
     out: str = field(metadata={"help": "model folder to write"})
     checkpoint_dir: str = field(metadata={"help": "resumable checkpoints"})
-    corpus: str = field(
-        default="pydoc", metadata={"help": "generic corpus source", "choices": list(GENERIC_SOURCES)}
-    )
-    corpus_path: str | None = field(default=None, metadata={"help": "file of the jsonl/passages corpus"})
     tokens: str | None = field(
         default=None,
         metadata={
@@ -71,6 +67,9 @@ class Args(TrainArgs):
     n_head_layers: int = field(default=2, metadata={"help": "Condenser head layers"})
     batch_size: int = field(default=16, metadata={"help": "sequences per step"})
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW peak learning rate"})
+
+    def check(self) -> None:
+        self.check_corpus()
 
 
 # The config keys that change a step's memory, named when it does not fit.

@@ -34,7 +34,7 @@ from dprflow.cli import run_stage
 from dprflow.errors import StageError
 from dprflow.files import scratch_dir
 from dprflow.models.init import load_tokenizer
-from dprflow.pretraining.documents import GENERIC_SOURCES, open_or_tokenize
+from dprflow.pretraining.documents import CorpusArgs, open_or_tokenize
 from dprflow.pretraining.mae.data import (
     CONTEXTS,
     DIRECTIONS,
@@ -66,15 +66,13 @@ log = logging.getLogger("dprflow.pretrain_mae")
 
 
 @dataclass(kw_only=True)
-class Args(TrainArgs):
+class Args(TrainArgs, CorpusArgs):
     """Pre-train a bottlenecked masked auto-encoder (BMAE, CDMAE, CoT-MAE)."""
 
     variant: str = field(metadata={"help": "which MAE", "choices": list(VARIANTS)})
     init: str = field(metadata={"help": "model.init, or the stage-one MAE folder"})
-    corpus: str = field(metadata={"help": "corpus source", "choices": list(GENERIC_SOURCES)})
     out: str = field(metadata={"help": "model folder to write"})
     checkpoint_dir: str = field(metadata={"help": "resumable checkpoints"})
-    corpus_path: str | None = field(default=None, metadata={"help": "jsonl file or passages.parquet"})
     pmi: str | None = field(default=None, metadata={"help": "n-gram statistics (stage pmi); cdmae only"})
     tokens: str | None = field(
         default=None,
@@ -137,6 +135,7 @@ class Args(TrainArgs):
     )
 
     def check(self) -> None:
+        self.check_corpus()
         if self.chunk_size < 0:
             raise ValueError(f"--chunk-size must be >= 0, got {self.chunk_size}")
         if self.variant == "cdmae" and not self.pmi:

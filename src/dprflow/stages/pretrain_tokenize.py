@@ -16,29 +16,23 @@ from dataclasses import dataclass, field
 
 from dprflow.cli import run_stage
 from dprflow.models.init import load_tokenizer
-from dprflow.pretraining.documents import GENERIC_SOURCES, VIEWS, tokenize_view
+from dprflow.pretraining.documents import VIEWS, CorpusArgs, tokenize_view
 
 log = logging.getLogger("dprflow.pretrain_tokenize")
 
 
 @dataclass
-class Args:
+class Args(CorpusArgs):
     """Tokenize a corpus into a token store."""
 
     tokenizer: str = field(metadata={"help": "the tokenizer's model: folder, packaged name or hub id"})
     view: str = field(metadata={"help": "what a document of the store is", "choices": list(VIEWS)})
     out: str = field(metadata={"help": "token store folder to write"})
-    corpus: str = field(
-        default="passages",
-        metadata={
-            "help": "generic corpus source (views texts, text-sentences)",
-            "choices": list(GENERIC_SOURCES),
-        },
-    )
-    corpus_path: str | None = field(default=None, metadata={"help": "passages.parquet, or the jsonl corpus"})
     batch_texts: int = field(default=1024, metadata={"help": "texts tokenized at a time"})
 
     def check(self) -> None:
+        if self.view in ("texts", "text-sentences"):
+            self.check_corpus()  # the generic corpus; the other views read --corpus-path's passages
         if self.view not in ("texts", "text-sentences") and not self.corpus_path:
             raise ValueError(f"--view {self.view} reads a passages.parquet: give --corpus-path")
         if self.batch_texts < 1:
