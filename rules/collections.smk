@@ -54,7 +54,7 @@ rule split_passages:
     input:
         code=stage_code("split_passages"),
         documents=rules.ingest.output.documents,
-        model=model_init_input,
+        model=tokenizer_init_input,
     output:
         passages=f"{RESULTS}/{{collection}}/passages.parquet",
     log:
@@ -68,8 +68,8 @@ rule split_passages:
         mem_mb=4000,
         runtime=30,
     params:
-        fingerprint=model_init_fingerprint,
-        model=config["model"]["init"],
+        fingerprint=tokenizer_init_fingerprint,
+        model=INIT_TOKENIZER,
         max_tokens=config["passages"]["max_tokens"],
     shell:
         "python -m dprflow.stages.split_passages --documents {input.documents:q} --out {output.passages:q}"

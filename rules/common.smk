@@ -15,6 +15,7 @@ import re
 import shlex
 from pathlib import Path
 
+from dprflow.models.init import MLM_INIT
 from dprflow.provenance import local_sha256
 from dprflow.rule_flags import (
     RESOURCE_SETTINGS,
@@ -79,9 +80,39 @@ def local_paths(*values):
     return [v for v in values if v and os.path.exists(v)]
 
 
+# The initial model, resolved here once: every rule that starts from model.init reads INIT.
+# model.init mlm names the MLM base (a BERT pre-trained here from random weights with BERT's
+# masked language model, rule pretrain_mlm), whose folder is MLM_MODEL; the rules that only
+# tokenize (split_passages, the token stores) read its vocabulary, INIT_TOKENIZER
+# (model.mlm.tokenizer), so they do not wait for its training.
+MLM_MODEL = f"{RESULTS}/pretrain/mlm/model"
+MLM_BASE = config["model"]["init"] == MLM_INIT
+INIT = MLM_MODEL if MLM_BASE else config["model"]["init"]
+INIT_TOKENIZER = config["model"]["mlm"]["tokenizer"] if MLM_BASE else INIT
+
+
+def init_input(model):
+    """The inputs that ``model``, a job's starting model, gives it. The MLM base always (a job's
+    output, an input before it exists); another only when it is a local folder (a hub id or a
+    packaged model's name is no file)."""
+    return [model] if model == MLM_MODEL else local_paths(model)
+
+
+def init_fingerprint_of(model):
+    """The content of a model a rule starts from (content_fingerprint); none for the MLM base, a
+    rule's output, whose changes Snakemake tracks itself."""
+    return "" if model == MLM_MODEL else content_fingerprint(model)
+
+
 def model_init_input(wildcards):
-    """model.init when it is a local folder: an input of every rule that reads it."""
-    return local_paths(config["model"]["init"])
+    """The initial model (INIT) when it is the MLM base or a local folder: an input of every rule
+    that reads it."""
+    return init_input(INIT)
+
+
+def tokenizer_init_input(wildcards):
+    """The initial model's tokenizer (INIT_TOKENIZER) when it is a local folder."""
+    return local_paths(INIT_TOKENIZER)
 
 
 def content_fingerprint(*values):
@@ -95,7 +126,11 @@ def content_fingerprint(*values):
 
 
 def model_init_fingerprint(wildcards):
-    return content_fingerprint(config["model"]["init"])
+    return init_fingerprint_of(INIT)
+
+
+def tokenizer_init_fingerprint(wildcards):
+    return content_fingerprint(INIT_TOKENIZER)
 
 
 def stage_code(name):

@@ -28,7 +28,7 @@ rule train_doc2query:
     params:
         fingerprint=model_init_fingerprint,
         launch=training_launcher,
-        init=config["model"]["init"],
+        init=INIT,
         split=train_split,
         flags=train_doc2query_flags,
         checkpoints=f"{RESULTS}/{{collection}}/doc2query/checkpoints",

@@ -11,14 +11,15 @@ wildcard_constraints:
     tokenizer="[A-Za-z0-9._-]+",
 
 
-# The tokenizers stores are written with: model.init's, stage two's given Condenser's
-# (pretrain.cocondenser.init) and the MAE corpus stage's start.
+# The tokenizers stores are written with: the initial model's (INIT_TOKENIZER), stage two's given
+# Condenser's (pretrain.cocondenser.init), the MAE corpus stage's start and the MLM base's.
 TOKENIZERS = {
     tokenizer_key(name): name
     for name in [
-        config["model"]["init"],
+        INIT_TOKENIZER,
         PT["cocondenser"]["init"],
         PT["mae"]["corpus_init"],
+        MLM["tokenizer"],
     ]
     if name
 }
@@ -49,6 +50,42 @@ rule pretrain_tokenize:
         " --out {output.tokens:q} > {log:q} 2>&1"
 
 
+# The MLM base (model.init: mlm): a BERT pre-trained from random weights with BERT's masked
+# language model on the generic corpus (Devlin et al. 2019, section 3.1), every method's start.
+
+
+rule pretrain_mlm:
+    input:
+        code=stage_code("pretrain_mlm"),
+        tokenizer=mlm_tokenizer_input,
+        corpus=generic_corpus_input,
+        tokens=mlm_tokens,
+    output:
+        model=directory(MLM_MODEL),
+    log:
+        f"{LOGS}/pretrain/pretrain_mlm.log",
+    benchmark:
+        f"{BENCHMARKS}/pretrain/pretrain_mlm.tsv"
+    conda:
+        "../envs/training.yaml"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=720,
+        # how often to save, not what is trained: a resource, so changing it reruns nothing
+        checkpoint_every=FT["checkpoint_every"],
+        log_every=config["training"]["log_every"],
+        num_workers=config["training"]["num_workers"],
+    params:
+        fingerprint=mlm_tokenizer_fingerprint,
+        launch=training_launcher,
+        flags=pretrain_mlm_flags,
+        checkpoints=f"{RESULTS}/pretrain/mlm/checkpoints",
+    shell:
+        "{params.launch} -m dprflow.stages.pretrain_mlm --out {output.model:q} --tokens {input.tokens:q}"
+        " --checkpoint-dir {params.checkpoints:q} {params.flags} --checkpoint-every {resources.checkpoint_every} --log-every {resources.log_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
+
+
 rule pretrain_generic:
     input:
         code=stage_code("pretrain_generic"),
@@ -74,7 +111,7 @@ rule pretrain_generic:
     params:
         fingerprint=model_init_fingerprint,
         launch=training_launcher,
-        init=config["model"]["init"],
+        init=INIT,
         flags=pretrain_generic_flags,
         checkpoints=f"{RESULTS}/pretrain/condenser/generic/checkpoints",
     shell:
@@ -142,7 +179,7 @@ rule pretrain_contriever:
     params:
         fingerprint=model_init_fingerprint,
         launch=training_launcher,
-        init=config["model"]["init"],
+        init=INIT,
         flags=pretrain_contriever_flags,
         checkpoints=f"{RESULTS}/{{collection}}/contriever/pretrain/checkpoints",
     shell:
@@ -228,7 +265,7 @@ rule pretrain_mae_generic:
     params:
         fingerprint=model_init_fingerprint,
         launch=training_launcher,
-        init=config["model"]["init"],
+        init=INIT,
         flags=mae_generic_flags,
         checkpoints=f"{RESULTS}/pretrain/{{mae}}/generic/checkpoints",
     shell:

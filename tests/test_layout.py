@@ -18,6 +18,7 @@ MODEL_MODULES = [
     "pretraining/condenser/model.py",
     "pretraining/contriever/model.py",
     "pretraining/mae/model.py",
+    "pretraining/mlm/model.py",
     "finetuning/biencoder.py",
     "finetuning/cross_encoder.py",
     "finetuning/losses.py",

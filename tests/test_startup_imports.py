@@ -53,6 +53,7 @@ TORCH: dict[str, set[str]] = {
     "pretrain_corpus": {"torch"},
     "pretrain_generic": {"torch"},
     "pretrain_mae": {"torch"},
+    "pretrain_mlm": {"torch"},
     "rerank": {"torch"},
     "score_candidates": {"torch"},
     "search_dense": {"torch", "faiss"},

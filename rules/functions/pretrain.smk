@@ -5,8 +5,8 @@ def tokenizer_key(name):
 
 def tokens_path(corpus, view, tokenizer=None):
     """A token store: ``corpus`` is a collection, a pretrain.corpora name or ``pretrain`` (the
-    generic corpus); ``tokenizer`` defaults to model.init."""
-    key = tokenizer_key(tokenizer or config["model"]["init"])
+    generic corpus); ``tokenizer`` defaults to the initial model's (INIT_TOKENIZER)."""
+    key = tokenizer_key(tokenizer or INIT_TOKENIZER)
     return f"{RESULTS}/{corpus}/tokens/{key}/{view}"
 
 
@@ -97,6 +97,46 @@ def mae_corpus_tokens(wildcards):
 def generic_corpus_input(wildcards):
     path = PT["generic_corpus"]["path"]
     return [path] if path else []
+
+
+MLM = config["model"]["mlm"]
+
+
+def mlm_tokens(wildcards):
+    """The generic corpus's texts as a token store of the MLM base's tokenizer."""
+    return tokens_path("pretrain", "texts", MLM["tokenizer"])
+
+
+def mlm_tokenizer_input(wildcards):
+    """model.mlm.tokenizer when it is a local folder."""
+    return local_paths(MLM["tokenizer"])
+
+
+def mlm_tokenizer_fingerprint(wildcards):
+    return content_fingerprint(MLM["tokenizer"])
+
+
+def pretrain_mlm_flags(wildcards):
+    keys = [
+        "tokenizer",
+        "layers",
+        "hidden_size",
+        "heads",
+        "intermediate_size",
+        "max_length",
+        "mlm_probability",
+        "heldout_sequences",
+        "batch_size",
+        "learning_rate",
+        "weight_decay",
+        "warmup_ratio",
+        "epochs",
+        "max_steps",
+    ]
+    return (
+        f"{generic_corpus_flags(PT)} --seed {q(FT['seed'])}"
+        f" {section_flags(MLM, keys)} {training_flags(config, SCHEMA)}"
+    )
 
 
 def pretrain_generic_flags(wildcards):

@@ -38,7 +38,7 @@ def pretrained_models(collection, method):
 
 def training_model_dirs():
     """The model folder of every training stage of the run; each holds its train_log.csv."""
-    dirs = []
+    dirs = [MLM_MODEL] if MLM_BASE else []
     for c in training_collections():
         for m in config["methods"]:
             dirs += pretrained_models(c, m)
@@ -52,8 +52,11 @@ def training_model_dirs():
 
 def config_json():
     """The config the report records, less RESOURCE_SETTINGS: they change no result, and a
-    param of this rule would rerun it (the report) when one changed."""
+    param of this rule would rerun it (the report) when one changed; and less model.mlm unless
+    model.init is mlm (no model is trained from it then)."""
     recorded = copy.deepcopy(config)
+    if not MLM_BASE:
+        recorded["model"].pop("mlm", None)
     for key in RESOURCE_SETTINGS:
         *sections, name = key.split(".")
         node = recorded

@@ -1,15 +1,16 @@
 def reranker_init():
-    return FT["reranker"]["init"] or config["model"]["init"]
+    """finetune.reranker.init, else the initial model (INIT)."""
+    return FT["reranker"]["init"] or INIT
 
 
 def reranker_init_input(wildcards):
-    """The reranker's initial model when it is a local folder."""
-    return local_paths(reranker_init())
+    """The reranker's initial model when it is the MLM base or a local folder."""
+    return init_input(reranker_init())
 
 
 def reranker_init_fingerprint(wildcards):
     """The content of a local reranker start folder (see content_fingerprint)."""
-    return content_fingerprint(reranker_init())
+    return init_fingerprint_of(reranker_init())
 
 
 def reranker_pooling():

@@ -13,7 +13,7 @@ def pretrained_encoder(wildcards):
 
 
 def method_init(wildcards):
-    """The checkpoint a method's fine-tuning starts from (method none: model.init itself; a
+    """The checkpoint a method's fine-tuning starts from (method none: the initial model, INIT; a
     reference row ref-<name>: its model)."""
     if wildcards.method == "condenser":
         return condenser_model()
@@ -22,7 +22,7 @@ def method_init(wildcards):
         return encoder[0]
     if wildcards.method in REFERENCES:
         return REFERENCES[wildcards.method]["model"]
-    return config["model"]["init"]
+    return INIT
 
 
 def init_fingerprint(wildcards):
@@ -81,7 +81,7 @@ def encoder_inputs(wildcards):
     encoder, or the off-the-shelf model where it is a local folder."""
     retriever = native_retriever(wildcards)
     if retriever == "zeroshot":
-        return pretrained_encoder(wildcards) or local_paths(method_init(wildcards))
+        return pretrained_encoder(wildcards) or init_input(method_init(wildcards))
     return result_path(wildcards.collection, wildcards.method, retriever, "model")
 
 

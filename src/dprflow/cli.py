@@ -4,7 +4,8 @@ Each stage declares its arguments as a dataclass (field metadata ``help``), and 
 :func:`run_stage`, which parses ``argv`` into it, sets up logging once, logs the resolved
 arguments first, runs the stage and turns expected failures into a one-line error and a non-zero
 exit instead of a traceback. After a success it writes each output's provenance record
-(:mod:`dprflow.provenance`).
+(:mod:`dprflow.provenance`), with the figures the stage measured of its output when it returns
+any (a mapping of names to numbers, such as a held-out loss).
 """
 
 from __future__ import annotations
@@ -92,21 +93,24 @@ def setup_logging(level: int = logging.INFO) -> None:
     root.setLevel(level)
 
 
-def run_stage(cls: type[A], body: Callable[[A], None], argv: Sequence[str] | None, prog: str) -> int:
-    """Parse, log the resolved arguments, run ``body``; return the process exit code."""
+def run_stage(
+    cls: type[A], body: Callable[[A], dict[str, Any] | None], argv: Sequence[str] | None, prog: str
+) -> int:
+    """Parse, log the resolved arguments, run ``body``; return the process exit code. What
+    ``body`` returns (None, or figures it measured) goes into the provenance records."""
     setup_logging()
     quiet_hugging_face()
     args = parse_args(cls, argv, prog)
     log.info("%s arguments: %s", prog, json.dumps(dataclasses.asdict(args), default=str, sort_keys=True))
     try:
         started = provenance.start(args)
-        body(args)
+        figures = body(args)
     except (StageError, ValueError, FileNotFoundError, UnicodeDecodeError) as exc:
         log.error("%s failed: %s", prog, exc)
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if distributed_rank() == 0:
-        provenance.write(prog, args, started)
+        provenance.write(prog, args, started, figures)
     return 0
 
 

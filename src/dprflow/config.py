@@ -14,8 +14,9 @@ ranges, and token lengths within the model's position limit (read offline from i
 ``config.json``; skipped when it cannot be read without the network), a BEIR collection's
 training qrels judging some passage relevant (read up to the first that does), ``evaluate_on`` naming
 other collections of the config, ``model.references`` giving distinct row names (each reference
-found as the other model settings are), and a ``model.init`` to be
-fine-tuned that ships no sentence-transformers prompts. The baseline is checked
+found as the other model settings are), a ``model.init`` to be
+fine-tuned that ships no sentence-transformers prompts, and an MLM base (``model.mlm``) whose
+hidden size its heads divide. The baseline is checked
 against the rows the run produces by :func:`check_baseline`.
 """
 
@@ -31,6 +32,8 @@ from typing import Any
 
 import jsonschema
 import yaml
+
+from dprflow.models.init import MLM_INIT
 
 
 class ConfigError(ValueError):
@@ -311,16 +314,41 @@ def _check_lengths(config: dict) -> list[str]:
                 pt["doc2query"]["train"]["max_passage_length"],
             )
         )
-    limits = {model: model_position_limit(model) for model in {m for m, _, _ in lengths}}
+    limits = {model: _position_limit(config, model) for model in {m for m, _, _ in lengths}}
     problems = []
     for model, key, tokens in lengths:
         limit = limits[model]
         if limit is not None and tokens > limit:
+            if model == MLM_INIT:
+                problems.append(
+                    f"{key} asks for {tokens} tokens but the MLM base (model.init {MLM_INIT!r}) has "
+                    f"{limit} positions (model.mlm.max_length); lower {key} or raise model.mlm.max_length"
+                )
+                continue
             problems.append(
                 f"{key} asks for {tokens} tokens but {model!r} has {limit} positions "
                 f"(max_position_embeddings of its config.json); lower {key}"
             )
     return problems
+
+
+def _position_limit(config: dict, model: str) -> int | None:
+    """:func:`model_position_limit`; the MLM base's (model.init mlm) is model.mlm.max_length."""
+    if model == MLM_INIT:
+        return config["model"]["mlm"]["max_length"]
+    return model_position_limit(model)
+
+
+def _check_mlm(config: dict) -> list[str]:
+    """The MLM base's architecture (model.mlm): each attention head gets hidden_size / heads
+    dimensions."""
+    mlm = config["model"]["mlm"]
+    if mlm["hidden_size"] % mlm["heads"]:
+        return [
+            f"model.mlm.hidden_size = {mlm['hidden_size']} is not a multiple of model.mlm.heads = "
+            f"{mlm['heads']} (each head attends with hidden_size / heads dimensions); change one of them"
+        ]
+    return []
 
 
 def _check_paths(config: dict) -> list[str]:
@@ -468,8 +496,8 @@ def _check_prompts(config: dict) -> list[str]:
     from dprflow.models.st_format import read_st_prompts
 
     init = config["model"]["init"]
-    if init not in PACKAGED_MODELS and not Path(init).expanduser().is_dir():
-        return []
+    if init == MLM_INIT or (init not in PACKAGED_MODELS and not Path(init).expanduser().is_dir()):
+        return []  # the MLM base is a plain BERT, without prompts
     try:
         prompts = read_st_prompts(resolve_model(init))
     except ValueError as exc:
@@ -512,6 +540,9 @@ def _check_models(config: dict) -> list[str]:
     ]
     problems = []
     settings = [(key, _get(config, key)) for key in MODEL_KEYS]
+    if config["model"]["init"] == MLM_INIT:  # trained here: its vocabulary must be found instead
+        mlm = ("model.mlm.tokenizer", config["model"]["mlm"]["tokenizer"])
+        settings = [mlm if key == "model.init" else (key, value) for key, value in settings]
     settings += [
         (f"model.references[{i}]", r if isinstance(r, str) else r["model"])
         for i, r in enumerate(config["model"]["references"])
@@ -568,6 +599,7 @@ def _check_values(config: dict, check_paths: bool = True) -> list[str]:
         + _check_splits(config)
         + _check_metrics(config)
         + _check_ranges(config)
+        + _check_mlm(config)
         + _check_lengths(config)
     )
 

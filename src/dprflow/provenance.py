@@ -9,7 +9,9 @@ folder as ``provenance.json``, beside an output file as ``<file>.provenance.json
   excluded), so a changed upstream artifact changes the record of everything downstream;
 * ``code``: the git commit of the checkout the stage ran from and whether its tree was dirty;
 * ``packages``: versions of the packages that shape results; ``machine``: host, CPU count,
-  Python, the GPU when torch saw one; ``started``/``wall_seconds``.
+  Python, the GPU when torch saw one; ``started``/``wall_seconds``;
+* ``figures``: what the stage measured of its output, where it returns any (``pretrain_mlm``:
+  the held-out masked-token loss and accuracy); absent otherwise.
 
 Which arguments are outputs is decided by name: ``out``, ``trec``, ``out_*`` and ``*_out``.
 Arguments naming a scratch folder (``checkpoint_dir``, ``spill_dir``) are neither, nor is
@@ -326,8 +328,9 @@ def start(args: Any) -> dict[str, Any]:
     return {"inputs": input_hashes(args), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "t0": time.time()}
 
 
-def write(prog: str, args: Any, started: dict[str, Any]) -> list[Path]:
-    """Write the record beside every output of ``args`` that exists; returns the files written."""
+def write(prog: str, args: Any, started: dict[str, Any], figures: dict[str, Any] | None = None) -> list[Path]:
+    """Write the record beside every output of ``args`` that exists, with the stage's
+    ``figures`` when it gave any; returns the files written."""
     record = {
         "stage": prog,
         "args": dataclasses.asdict(args),
@@ -338,6 +341,8 @@ def write(prog: str, args: Any, started: dict[str, Any]) -> list[Path]:
         "started": started["started"],
         "wall_seconds": round(time.time() - started["t0"], 3),
     }
+    if figures:
+        record["figures"] = figures
     written = []
     for name, value in dataclasses.asdict(args).items():
         if not is_output_arg(name):

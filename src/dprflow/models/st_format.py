@@ -333,6 +333,7 @@ def write_cross_encoder_files(
 
 # The pre-training each method's encoder went through, with its paper.
 METHOD_PAPERS = {
+    "mlm": "BERT's masked language model from random weights (Devlin et al., NAACL 2019, 'BERT: Pre-training of Deep Bidirectional Transformers for Language Understanding', section 3.1)",
     "condenser": "Condenser (Gao & Callan, EMNLP 2021, 'Condenser: a Pre-training Architecture for Dense Retrieval')",
     "cocondenser": "coCondenser (Gao & Callan, ACL 2022, 'Unsupervised Corpus Aware Language Model Pre-training for Dense Passage Retrieval')",
     "contriever": "Contriever (Izacard et al., TMLR 2022, 'Unsupervised Dense Information Retrieval with Contrastive Learning')",

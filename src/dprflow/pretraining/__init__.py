@@ -1,5 +1,7 @@
 """Pre-training methods, one folder per paper family, and what they share.
 
+- :mod:`.mlm`: BERT's masked language model from random weights (Devlin et al., 2019), the MLM
+  base that ``model.init: mlm`` starts every method from;
 - :mod:`.condenser`: Condenser (Gao & Callan, 2021) and coCondenser (Gao & Callan, 2022);
 - :mod:`.contriever`: Contriever (Izacard et al., 2022), random crops with a MoCo queue or
   in-batch negatives;

@@ -1,0 +1,12 @@
+"""BERT's masked language model, pre-trained from random weights: the MLM base.
+
+- :mod:`.model`: a BERT encoder with its MLM prediction head and the masked-token loss (Devlin et
+  al. 2019, section 3.1, "Task #1: Masked LM"), built from a small config (:class:`.model.MLMConfig`),
+  and the held-out masked-token loss and accuracy.
+
+Stage ``pretrain_mlm``: the model ``model.init: mlm`` names, every method's starting model (the
+papers start from BERT, a language model that never saw a retrieval objective). The masking
+(15% of the tokens selected; of those 80% [MASK], 10% a random token, 10% kept) is
+:mod:`dprflow.pretraining.masking`; the batches are :func:`dprflow.pretraining.condenser.data.mlm_batch`'s
+``[CLS] chunk [SEP]`` rows of the generic corpus.
+"""

