@@ -13,7 +13,7 @@ SNAKEMAKE_ARGS ?=
 # Jobs run `python -m dprflow.stages.<rule>`: the venv's bin comes first on PATH, as if activated.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup run dry-run test lint format bench check report render-check clean
+.PHONY: setup run dry-run test lint format bench check report render-check generic-corpus clean
 
 setup: $(VENV)/.installed
 
@@ -75,6 +75,22 @@ GPU_PYTHON ?= python3
 .PHONY: gpu-check
 gpu-check:
 	PYTHONPATH=src $(GPU_PYTHON) scripts/gpu_check.py
+
+# The MLM base's generic corpus (docs/methods.md): English prose from Debian's documentation
+# packages, installed first when missing (apt-get update only if the install cannot find them), in
+# data/generic/debian-docs.jsonl with its manifest. GENERIC_SOURCES=...,java adds the Java API docs.
+GENERIC_SOURCES ?= python,linux,perl,postgresql
+GENERIC_CORPUS ?= data/generic/debian-docs.jsonl
+GENERIC_PACKAGES = $(BIN)/python scripts/generic_corpus.py --sources $(GENERIC_SOURCES) --missing-packages
+
+generic-corpus: setup
+	@missing="$$($(GENERIC_PACKAGES))" || exit 1; \
+	if [ -n "$$missing" ]; then \
+		echo "installing $$missing"; \
+		apt-get install -y --no-install-recommends $$missing \
+		|| (apt-get update -qq && apt-get install -y --no-install-recommends $$missing); \
+	fi
+	$(BIN)/python scripts/generic_corpus.py --sources $(GENERIC_SOURCES) --out $(GENERIC_CORPUS)
 
 clean:
 	rm -rf results .snakemake
