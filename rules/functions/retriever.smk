@@ -134,9 +134,8 @@ def train_depth():
 def retriever_inputs(wildcards):
     """The pre-trained encoder, negative pools (and teacher scores) of each trained retriever."""
     base = result_path(wildcards.collection)
-    method = result_path(
-        wildcards.collection, wildcards.method, f"seed-{wildcards.seed}"
-    )
+    seed = wildcards.seed
+    method = result_path(wildcards.collection, wildcards.method, f"seed-{seed}")
     out = {}
     if pretrained_encoder(wildcards):
         out["encoder"] = pretrained_encoder(wildcards)[0]

@@ -7,6 +7,9 @@
   path and the bytes free (and needed, when known); a stage reports it as a one-line error.
 - :func:`scratch_dir`: a folder beside a stage's output for what it writes for itself (a token
   store, passage texts), removed on exit.
+- :func:`staging_path`, :func:`update_json`, :func:`publish`: a model folder trained into a
+  staging folder beside its output, completed there (figures measured after training), then
+  renamed onto the output, so that a failure leaves nothing that looks finished.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob
+import json
 import os
 import shutil
 import socket
@@ -136,3 +140,23 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
+
+
+def staging_path(out: str | os.PathLike) -> Path:
+    """The folder a stage writes ``out`` into before :func:`publish` (hidden, beside ``out``)."""
+    out = Path(out)
+    return out.parent / f".{out.name}.staging"
+
+
+def update_json(path: str | os.PathLike, values: dict, section: str | None = None) -> None:
+    """Add ``values`` to the JSON object in ``path`` (to its ``section`` when given)."""
+    path = Path(path)
+    record = json.loads(path.read_text())
+    (record.setdefault(section, {}) if section else record).update(values)
+    path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def publish(staging: str | os.PathLike, out: str | os.PathLike) -> None:
+    """Put the completed ``staging`` folder in place of ``out``."""
+    shutil.rmtree(out, ignore_errors=True)
+    Path(staging).rename(out)

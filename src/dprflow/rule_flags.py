@@ -11,6 +11,7 @@ Plain functions of the config, not of Snakemake's objects: ruff and the unit tes
 
 from __future__ import annotations
 
+import functools
 import shlex
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -49,10 +50,12 @@ def section_flags(section: Mapping[str, Any], keys: Iterable[str]) -> str:
     return " ".join(flags)
 
 
-def schema_keys(schema_path: str | Path, section: str) -> list[str]:
-    """The keys of a top-level section of the config's schema, in the schema's order."""
+@functools.cache
+def schema_keys(schema_path: str | Path, section: str) -> tuple[str, ...]:
+    """The keys of a top-level section of the config's schema, in the schema's order (read once
+    per process: every training job's flags ask)."""
     schema = yaml.safe_load(Path(schema_path).read_text())
-    return list(schema["properties"][section]["properties"])
+    return tuple(schema["properties"][section]["properties"])
 
 
 def precision_flag(config: Mapping[str, Any]) -> str:

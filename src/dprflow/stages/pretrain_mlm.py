@@ -21,10 +21,8 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,7 +31,7 @@ import torch
 from dprflow.cli import run_stage
 from dprflow.data.token_store import Ranges, chunk_ranges
 from dprflow.errors import StageError
-from dprflow.files import scratch_dir
+from dprflow.files import publish, scratch_dir, staging_path, update_json
 from dprflow.models.init import load_tokenizer
 from dprflow.pretraining.condenser.data import mlm_batch
 from dprflow.pretraining.documents import CorpusArgs, open_or_tokenize
@@ -209,8 +207,7 @@ def _pretrain(args: Args, scratch: str) -> dict[str, Any] | None:
         return {"loss": m(**{k: v.to(device) for k, v in batch.items()})}
 
     # Train into a staging folder; it becomes ``out`` once the held-out figures are in it.
-    out = Path(args.out)
-    staging = out.parent / f".{out.name}.staging"
+    staging = staging_path(args.out)
     record = {"method": "mlm", "sequences": len(train), "heldout_sequences": len(heldout)}
     train_and_save(
         model,
@@ -244,12 +241,8 @@ def _pretrain(args: Args, scratch: str) -> dict[str, Any] | None:
         at_init.accuracy,
     )
     (staging / EVAL_FILE).write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
-    args_file = staging / "training_args.json"
-    args_file.write_text(
-        json.dumps({**json.loads(args_file.read_text()), "out": args.out}, indent=2, sort_keys=True) + "\n"
-    )
-    shutil.rmtree(out, ignore_errors=True)
-    staging.rename(out)
+    update_json(staging / "training_args.json", {"out": args.out})
+    publish(staging, args.out)
     return figures
 
 

@@ -12,18 +12,16 @@ stored in the model folder (``training_args.json`` and ``dprflow_doc2query.json`
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
-import shutil
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from dprflow.cli import run_stage
 from dprflow.data.schemas import read_table
+from dprflow.files import publish, staging_path, update_json
 from dprflow.pretraining.query_as_context.doc2query import (
     CONFIG_NAME,
     QueryGenerator,
@@ -80,12 +78,6 @@ class Args(TrainArgs):
             raise ValueError(f"--split {self.split!r} is also in --eval-splits {self.eval_splits}")
         if self.max_passage_length < 2 or self.max_query_length < 2:
             raise ValueError("--max-passage-length and --max-query-length must be at least 2")
-
-
-def _update_json(path: Path, values: dict, section: str | None = None) -> None:
-    record = json.loads(path.read_text())
-    (record.setdefault(section, {}) if section else record).update(values)
-    path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def train(args: Args) -> None:
@@ -156,8 +148,7 @@ def train(args: Args) -> None:
         return {"loss": m(**{k: v.to(device) for k, v in batch.items()})}
 
     # Train into a staging folder; it becomes ``out`` only once the validation loss is stored.
-    out = Path(args.out)
-    staging = out.parent / f".{out.name}.staging"
+    staging = staging_path(args.out)
     record = {
         "training_pairs": counts,
         "train_pairs": len(train_pairs),
@@ -187,10 +178,9 @@ def train(args: Args) -> None:
             after,
         )
     result = {"out": args.out, "validation_loss": after, "validation_loss_init": before}
-    _update_json(staging / "training_args.json", result)
-    _update_json(staging / CONFIG_NAME, result, section="extra")
-    shutil.rmtree(out, ignore_errors=True)
-    staging.rename(out)
+    update_json(staging / "training_args.json", result)
+    update_json(staging / CONFIG_NAME, result, section="extra")
+    publish(staging, args.out)
 
 
 def main(argv: list[str] | None = None) -> int:
