@@ -78,8 +78,9 @@ gpu-check:
 
 # The MLM base's generic corpus (docs/methods.md): English prose from Debian's documentation
 # packages, installed first when missing (apt-get update only if the install cannot find them), in
-# data/generic/debian-docs.jsonl with its manifest. GENERIC_SOURCES=...,java adds the Java API docs.
-GENERIC_SOURCES ?= python,linux,perl,postgresql
+# data/generic/debian-docs.jsonl with its manifest (eight packages, 10.3M tokens).
+# GENERIC_SOURCES=...,java adds the Java API docs.
+GENERIC_SOURCES ?= python,linux,perl,postgresql,django,sqlalchemy,git,handbook
 GENERIC_CORPUS ?= data/generic/debian-docs.jsonl
 GENERIC_PACKAGES = $(BIN)/python scripts/generic_corpus.py --sources $(GENERIC_SOURCES) --missing-packages
 

@@ -2,21 +2,28 @@
 
 The MLM base (rule ``pretrain_mlm``) pre-trains a BERT from random weights on
 ``pretrain.generic_corpus``; the papers use Wikipedia and BookCorpus, which cannot be downloaded
-here. Four Debian 12 packages ship millions of words of English technical prose instead:
+here. Eight Debian 12 packages ship millions of words of English technical prose instead:
 
 - ``python``: python3.11-doc, the reStructuredText sources of the Python documentation (PSF License);
 - ``linux``: linux-doc-6.1, the kernel's Documentation/ in reStructuredText (GPL-2.0; a file's SPDX
   header may name another licence, counted in the manifest);
 - ``perl``: perl-doc, Perl's POD manual pages (Perl's terms: Artistic or GPL-1+);
 - ``postgresql``: postgresql-doc-15, the PostgreSQL manual in HTML (PostgreSQL Licence);
+- ``django``: python-django-doc, Django's documentation in HTML (BSD-3-Clause);
+- ``sqlalchemy``: python-sqlalchemy-doc, SQLAlchemy's documentation in HTML (MIT);
+- ``git``: git-doc, git's manual pages and guides in HTML (GPL-2.0);
+- ``handbook``: debian-handbook, The Debian Administrator's Handbook, its English HTML (GPL-2.0+
+  or CC-BY-SA-3.0);
 - ``java``, read only when ``--sources`` names it: openjdk-17-doc, the Java SE 17 API
-  documentation's comments (GPL-2.0 with the Classpath exception). The four above give about
-  7.6 million tokens, with it about 10.2 million; installing it also upgrades an installed
-  OpenJDK 17 to its version.
+  documentation's comments (GPL-2.0 with the Classpath exception); installing it also upgrades an
+  installed OpenJDK 17 to its version.
+
+The first four give about 7.6 million tokens, the eight about 10.2 million (the manifest says how
+many exactly, and whether the 10 million the MLM base asks for are reached).
 
 Each source has a small reader that keeps headings and paragraphs as plain text and drops code
-(reST literal blocks and code directives, POD verbatim paragraphs, HTML ``<pre>``), directives'
-arguments and options, tables and markup characters. A file is one document, or, when longer than
+(reST literal blocks and code directives, POD verbatim paragraphs, HTML ``<pre>`` and highlighted
+blocks), directives' arguments and options, tables, pages' navigation and markup characters. A file is one document, or, when longer than
 ``--max-words``, several: consecutive sections (split at its headings) packed up to that many
 words, so that the MLM stage's held-out tail (the corpus's last sequences) is a random sample of
 every source, not one long manual page. Documents under ``--min-words`` (index pages, tables of
@@ -366,14 +373,15 @@ _BLOCK = {
 
 @dataclass(frozen=True)
 class HTMLPage:
-    """What of a kind of HTML page is prose: elements dropped with their content (by tag or
-    class), the headings kept, and, when ``keep_classes`` is given, only the text inside elements
+    """What of a kind of HTML page is prose: elements dropped with their content (by tag, class
+    or id), the headings kept, and, when ``keep_classes`` is given, only the text inside elements
     of those classes (and the headings) is kept."""
 
     skip_tags: frozenset[str]
     skip_classes: frozenset[str]
     headings: frozenset[str]
     keep_classes: frozenset[str] | None = None
+    skip_ids: frozenset[str] = frozenset()
 
 
 # DocBook's XHTML: code, tables, navigation and contents lists dropped.
@@ -390,6 +398,21 @@ JAVADOC_PAGE = HTMLPage(
     headings=frozenset({"h1"}),
     keep_classes=frozenset({"block"}),
 )
+# Sphinx (Django's and SQLAlchemy's themes), AsciiDoc (git) and Publican (the Debian Administrator's
+# Handbook) pages: code, tables, navigation, sidebars, headers, footers and permalinks dropped.
+MANUAL_PAGE = HTMLPage(
+    skip_tags=frozenset({"head", "script", "style", "pre", "table", "nav", "footer"}),
+    skip_classes=frozenset({
+        "sphinxsidebar", "nav", "related", "footer", "headerlink", "highlight", "listingblock",
+        "literalblock", "toc", "toctree-wrapper", "navheader", "navfooter", "docnav", "informaltable",
+    }),
+    headings=frozenset({"h1", "h2", "h3", "h4", "h5", "h6"}),
+    skip_ids=frozenset({
+        "hd", "ft", "sidebar", "header", "footer", "toc", "banner", "title", "docs-header", "docs-sidebar",
+        "docs-sidebar-popout", "docs-version-header", "docs-top-navigation-container",
+        "docs-narrow-top-navigation", "docs-bottom-navigation", "docs-copyright",
+    }),
+)  # fmt: skip
 _COPIED = "Description copied from"
 
 
@@ -433,8 +456,13 @@ class _HTMLText(HTMLParser):
             return
         if self.keep is not None and tag == self.keep[0]:
             self.keep = (tag, self.keep[1] + 1)
-        classes = set((dict(attrs).get("class") or "").split())
-        if tag in self.page.skip_tags or classes & self.page.skip_classes:
+        attributes = dict(attrs)
+        classes = set((attributes.get("class") or "").split())
+        if (
+            tag in self.page.skip_tags
+            or classes & self.page.skip_classes
+            or attributes.get("id") in self.page.skip_ids
+        ):
             self.flush()
             self.skip = (tag, 1)
             return
@@ -499,6 +527,10 @@ def javadoc_blocks(text: str) -> list[Block]:
     return html_blocks(text, JAVADOC_PAGE)
 
 
+def manual_blocks(text: str) -> list[Block]:
+    return html_blocks(text, MANUAL_PAGE)
+
+
 # ---------------------------------------------------------------- the sources
 
 
@@ -535,6 +567,25 @@ def _perl_files(folder: Path) -> list[Path]:
 
 def _postgresql_files(folder: Path) -> list[Path]:
     return sorted(path for path in folder.glob("*.html") if path.name != "bookindex.html")
+
+
+# Sphinx's generated pages: indexes, search, and the highlighted copies of the package's source.
+_SPHINX_GENERATED = {"genindex.html", "search.html", "py-modindex.html"}
+
+
+def _sphinx_files(folder: Path) -> list[Path]:
+    return sorted(
+        path
+        for path in folder.rglob("*.html")
+        if path.name not in _SPHINX_GENERATED
+        and not {"_modules", "_static"} & set(path.parts)
+        and not path.is_symlink()
+    )
+
+
+def _html_files(folder: Path) -> list[Path]:
+    """The pages, not the links to them (git-doc's index.html is git.html)."""
+    return sorted(path for path in folder.rglob("*.html") if not path.is_symlink())
 
 
 def _java_files(folder: Path) -> list[Path]:
@@ -589,6 +640,46 @@ SOURCES = {
             files=_postgresql_files,
             blocks=html_blocks,
             excluded=["bookindex.html (the book's index of terms)"],
+        ),
+        Source(
+            name="django",
+            package="python-django-doc",
+            folder="usr/share/doc/python-django-doc/html",
+            licence="BSD-3-Clause (Django's documentation; /usr/share/doc/python-django-doc/copyright)",
+            files=_sphinx_files,
+            blocks=manual_blocks,
+            excluded=["_modules/ (highlighted source code), the general and module indexes, search"],
+        ),
+        Source(
+            name="sqlalchemy",
+            package="python-sqlalchemy-doc",
+            folder="usr/share/doc/python-sqlalchemy-doc/html",
+            licence="MIT (SQLAlchemy's documentation; /usr/share/doc/python-sqlalchemy-doc/copyright)",
+            files=_sphinx_files,
+            blocks=manual_blocks,
+            excluded=["_modules/ (highlighted source code), the general and module indexes, search"],
+        ),
+        Source(
+            name="git",
+            package="git-doc",
+            folder="usr/share/doc/git-doc",
+            licence="GPL-2.0 (git's documentation; /usr/share/doc/git-doc/copyright)",
+            files=_html_files,
+            blocks=manual_blocks,
+            excluded=[
+                "the AsciiDoc .txt sources (the .html pages are read; the same text)",
+                "index.html (a link to git.html)",
+            ],
+        ),
+        Source(
+            name="handbook",
+            package="debian-handbook",
+            folder="usr/share/doc/debian-handbook/html/en-US",
+            licence="GPL-2.0-or-later OR CC-BY-SA-3.0 (The Debian Administrator's Handbook; "
+            "/usr/share/doc/debian-handbook/copyright)",
+            files=_html_files,
+            blocks=manual_blocks,
+            excluded=["the other 20 languages' folders (English only)"],
         ),
         Source(
             name="java",

@@ -182,6 +182,53 @@ JAVADOC_HTML = """\
 """
 
 
+# Sphinx's page in Django's theme: header, footer and sidebar by id, highlighted code, a toctree.
+DJANGO_HTML = """\
+<!DOCTYPE html><html><head><title>tableword</title></head><body>
+<div id="custom-doc"><div id="hd"><h1>indexword header</h1></div>
+<div id="bd"><div class="yui-g" id="topics-http-sessions"><div class="section" id="s-how-to">
+<h1>How to use sessions<a class="headerlink" href="#s-how">¶</a></h1>
+<p>Django provides full support for anonymous sessions, a Django sentence.</p>
+<div class="highlight-default notranslate"><div class="highlight"><span>codeword</span></div></div>
+<div class="toctree-wrapper compound"><ul><li>tocword</li></ul></div>
+<p>Each session is stored in the database by default.</p></div></div>
+<div class="yui-b" id="sidebar"><div class="sphinxsidebar"><p>indexword sidebar text</p></div></div></div>
+<div id="ft"><p>indexword footer</p></div></div></body></html>
+"""
+
+# Sphinx's page in SQLAlchemy's theme: the navigation and header by id, sections with no class.
+SQLALCHEMY_HTML = """\
+<!DOCTYPE html><html><head><title>tableword</title></head><body>
+<div id="docs-container"><div id="docs-header"><h1>indexword release</h1></div>
+<div id="docs-top-navigation-container"><p>indexword navigation</p></div>
+<div id="docs-sidebar"><ul><li>tocword</li></ul></div>
+<div id="docs-body" role="main"><section id="session-basics"><h1>Session Basics</h1>
+<p>The Session establishes all conversations with the database, an SQLAlchemy sentence.</p>
+<pre>codeword</pre></section></div>
+<div id="docs-copyright"><p>indexword copyright</p></div></div></body></html>
+"""
+
+# AsciiDoc's page (git's manual pages): the table of contents by id, listing blocks of code.
+GIT_HTML = """\
+<!DOCTYPE html><html><head><title>tableword</title></head><body>
+<div id="header"><h1>indexword header</h1><div id="toc"><p>tocword</p></div></div>
+<div id="content"><div class="sect1"><h2>DESCRIPTION</h2><div class="sectionbody">
+<div class="paragraph"><p>Reapply commits on top of another base tip, a git sentence.</p></div>
+<div class="listingblock"><div class="content"><pre><code>codeword</code></pre></div></div>
+</div></div></div><div id="footer"><p>indexword footer</p></div></body></html>
+"""
+
+# Publican's XHTML (The Debian Administrator's Handbook): DocBook's navigation.
+HANDBOOK_HTML = """\
+<?xml version="1.0" encoding="UTF-8"?><html xmlns="http://www.w3.org/1999/xhtml"><head><title>tableword</title></head><body>
+<div id="banner"><span class="text">indexword ebook</span></div>
+<p id="title"><a class="left" href="#">indexword</a></p><ul class="docnav top"><li>indexword</li></ul>
+<div class="section"><h2 class="title">Installing a mail server</h2>
+<div class="para">The mail transport agent delivers messages, a handbook sentence.</div></div>
+<ul class="docnav"><li>indexword</li></ul></body></html>
+"""
+
+
 def write(root: Path, rel: str, text: str) -> None:
     path = root / rel
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -208,6 +255,19 @@ def make_tree(root: Path) -> Path:
     postgres = "usr/share/doc/postgresql-doc-15/html"
     write(root, f"{postgres}/tutorial-join.html", POSTGRES_HTML)
     write(root, f"{postgres}/bookindex.html", "<html><body><p>indexword</p></body></html>")
+    django = "usr/share/doc/python-django-doc/html"
+    write(root, f"{django}/topics/http/sessions.html", DJANGO_HTML)
+    write(root, f"{django}/genindex.html", "<html><body><p>indexword</p></body></html>")
+    write(root, f"{django}/_modules/django/http.html", "<html><body><p>indexword</p></body></html>")
+    sqlalchemy = "usr/share/doc/python-sqlalchemy-doc/html"
+    write(root, f"{sqlalchemy}/orm/session_basics.html", SQLALCHEMY_HTML)
+    git = root / "usr/share/doc/git-doc"
+    write(root, "usr/share/doc/git-doc/git-rebase.html", GIT_HTML)
+    write(root, "usr/share/doc/git-doc/git-rebase.txt", "duplicateword\n")
+    (git / "index.html").symlink_to("git-rebase.html")
+    handbook = "usr/share/doc/debian-handbook/html"
+    write(root, f"{handbook}/en-US/network-services.html", HANDBOOK_HTML)
+    write(root, f"{handbook}/de-DE/network-services.html", "<html><body><p>traduzione</p></body></html>")
     return root
 
 
@@ -251,7 +311,9 @@ def by_source(records: list[dict]) -> dict[str, str]:
 def test_the_readers_keep_the_prose_and_drop_code_tables_and_markup(script, tokenizer, tmp_path):
     records = build(script, tokenizer, make_tree(tmp_path / "root"), tmp_path / "corpus.jsonl")
     text = by_source(records)
-    assert sorted(text) == ["linux", "perl", "postgresql", "python"]
+    assert sorted(text) == [
+        "django", "git", "handbook", "linux", "perl", "postgresql", "python", "sqlalchemy",
+    ]  # fmt: skip
     python = text["python"]
     assert "demo --- A demonstration module" in python  # the heading, its role unwrapped
     assert (
@@ -272,6 +334,23 @@ def test_the_readers_keep_the_prose_and_drop_code_tables_and_markup(script, toke
     assert "Joins Between Tables" in postgres
     assert "Queries can access several tables at once & join them" in postgres
     assert "Each row is compared with each other row." in postgres  # &nbsp; is a space
+    assert text["django"].split("\n\n")[1:] == [
+        "How to use sessions",
+        "Django provides full support for anonymous sessions, a Django sentence.",
+        "Each session is stored in the database by default.",
+    ]
+    assert text["sqlalchemy"].split("\n\n")[1:] == [
+        "Session Basics",
+        "The Session establishes all conversations with the database, an SQLAlchemy sentence.",
+    ]
+    assert text["git"].split("\n\n")[1:] == [
+        "DESCRIPTION",
+        "Reapply commits on top of another base tip, a git sentence.",
+    ]
+    assert text["handbook"].split("\n\n")[1:] == [
+        "Installing a mail server",
+        "The mail transport agent delivers messages, a handbook sentence.",
+    ]
     everything = "\n".join(text.values())
     for word in DROPPED + UNREAD:
         assert word not in everything, word
@@ -283,12 +362,16 @@ def test_translations_duplicates_bindings_and_index_pages_are_not_read(script, t
     records = build(script, tokenizer, make_tree(tmp_path / "root"), tmp_path / "corpus.jsonl")
     files = sorted({record["id"].split("#")[0] for record in records})
     assert files == [
+        "django/topics/http/sessions.html",
+        "git/git-rebase.html",
+        "handbook/network-services.html",
         "linux/core-api/kobject.rst.gz",
         "linux/process/submitting.rst",
         "perl/perldemo.pod",
         "postgresql/tutorial-join.html",
         "python/library/demo.rst.txt",
         "python/tutorial/introduction.rst.txt",
+        "sqlalchemy/orm/session_basics.html",
     ]
     manifest = json.loads((tmp_path / "corpus.manifest.json").read_text())
     assert {name: entry["files"] for name, entry in manifest["sources"].items()} == {
@@ -296,6 +379,10 @@ def test_translations_duplicates_bindings_and_index_pages_are_not_read(script, t
         "linux": 2,
         "perl": 1,
         "postgresql": 1,
+        "django": 1,
+        "sqlalchemy": 1,
+        "git": 1,
+        "handbook": 1,
     }
     assert manifest["sources"]["linux"]["spdx_licences"] == {"(GPL-2.0+ OR CC-BY-4.0)": 1, "GPL-2.0": 1}
 
@@ -353,9 +440,7 @@ def test_the_order_is_the_seeds(script, tokenizer, tmp_path):
     assert a == b
     assert a != c and sorted(a.splitlines()) == sorted(c.splitlines())
     sources = [json.loads(line)["source"] for line in a.splitlines()]
-    assert len(sources) >= 8 and sources != sorted(
-        sources, key=["python", "linux", "perl", "postgresql"].index
-    )
+    assert len(sources) >= 8 and sources != sorted(sources, key=list(script.DEFAULT_SOURCES).index)
 
 
 def test_the_workflows_jsonl_reader_reads_every_document(script, tokenizer, tmp_path):
