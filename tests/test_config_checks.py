@@ -240,3 +240,19 @@ def test_make_run_checks_the_config_before_snakemake_reads_it(tmp_path):
     planned = out.stdout.splitlines()
     check = next(i for i, line in enumerate(planned) if "-m dprflow.config" in line and str(bad) in line)
     assert check < next(i for i, line in enumerate(planned) if "snakemake" in line)
+
+
+def test_the_reranker_length_is_checked_only_where_a_row_reranks():
+    """finetune.reranker.max_length feeds the reranker only: a config whose rows stop at retriever
+    2 may leave it above the model's positions (the MLM base's 160), one that reranks may not."""
+    too_long = _set("finetune.reranker.max_length", 513)
+    retrievers = config_problems(lambda c: (too_long(c), _set("finetune.stages", ["r1", "r2"])(c)))
+    assert retrievers == ""
+    one_row = config_problems(
+        lambda c: (
+            too_long(c),
+            _set("finetune.stages", ["r1"])(c),
+            _set("finetune.stages_of", {"none": ["r1", "r2", "rerank"]})(c),
+        )
+    )
+    assert "finetune.reranker.max_length asks for 513 tokens" in one_row

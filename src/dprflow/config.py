@@ -301,8 +301,11 @@ def _check_lengths(config: dict) -> list[str]:
         (cocondenser, "pretrain.cocondenser.span_max", pt["cocondenser"]["span_max"] + 2),
         (mae, "pretrain.mae.span_max", pt["mae"]["span_max"] + 2),
         (init, "pretrain.contriever.max_doc_tokens", _contriever_tokens(pt["contriever"]) + 2),
-        (reranker, "finetune.reranker.max_length", ft["reranker"]["max_length"]),
     ]
+    # The reranker's pairs only where a row reranks (or distils from the reranker).
+    stages = set(ft["stages"]).union(*(ft.get("stages_of") or {}).values())
+    if stages & {"rerank", "distill"}:
+        lengths.append((reranker, "finetune.reranker.max_length", ft["reranker"]["max_length"]))
     for ref in _references(config)[0].values():
         lengths.append((ref["model"], "finetune.max_query_length", ft["max_query_length"]))
         lengths.append((ref["model"], "finetune.max_passage_length", ft["max_passage_length"]))
