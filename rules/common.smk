@@ -47,6 +47,10 @@ ZEROSHOT_METHODS = ["contriever"]
 # every pre-training method. Its folder carries no sentence-transformers configuration, so this is
 # the "initial model's own" geometry of that method's fine-tuning.
 PRETRAINED_POOLING = {"contriever": "mean"}
+# Method none fine-tuned in a pre-trained method's geometry, to tell the pre-training's effect from
+# the geometry's: none-mean is none in Contriever's (mean pooling, dot product); none itself takes
+# model.pooling and model.similarity (the MLM base's own: [CLS] and dot, the other methods').
+GEOMETRY_CONTROLS = {"none-mean": ("mean", "dot")}
 
 
 # The off-the-shelf models of model.references: row method ref-<name> -> model, pooling, similarity.

@@ -22,6 +22,7 @@ from dprflow.pretraining.contriever.data import (
     crop_pair,
     first_tokens,
     ict_pair,
+    longest_view,
     random_crop,
     stream_documents,
 )
@@ -191,6 +192,15 @@ def test_crops_lie_inside_the_document_within_the_ratio_range():
             start, end = random_crop(rng, ids, 0.1, 0.5)
             assert 0 <= start < end <= n
             assert max(1, int(0.1 * n)) <= end - start <= max(1, int(0.5 * n))
+
+
+def test_the_longest_view_is_the_longest_crop_or_the_whole_window():
+    rng = np.random.default_rng(3)
+    ids = list(range(256))
+    crops = [random_crop(rng, ids, 0.45, 0.5) for _ in range(400)]
+    longest = max(end - start for start, end in crops)  # r < 0.5: 127 is reached, 128 bounds it
+    assert longest_view("crop", 0.5, 256) == 128 and 127 <= longest <= 128
+    assert longest_view("ict", 0.5, 256) == 256 and longest_view("crop", 0.001, 256) == 1
 
 
 def test_two_crops_differ_and_overlap_sometimes():
@@ -382,4 +392,17 @@ def test_stage_rejects_bad_arguments(tiny_init, passages, tmp_path):
         pretrain_contriever.main(
             stage_args(tiny_init, passages, tmp_path / "m", ratio_min=0.6, ratio_max=0.5)
         )
-    assert pretrain_contriever.main(stage_args(tiny_init, passages, tmp_path / "m", max_doc_tokens=200)) == 1
+    # The model's 128 positions bound the views, not the window: ICT's context is the window
+    # less a span (up to 200 tokens here: refused); a crop is at most half of it (100: trained on).
+    assert (
+        pretrain_contriever.main(
+            stage_args(tiny_init, passages, tmp_path / "m", max_doc_tokens=200, pairs="ict")
+        )
+        == 1
+    )
+    assert (
+        pretrain_contriever.main(
+            stage_args(tiny_init, passages, tmp_path / "c", max_doc_tokens=200, max_steps=1)
+        )
+        == 0
+    )

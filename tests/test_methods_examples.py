@@ -21,13 +21,32 @@ from snakemake_cli import snakemake as run_snakemake
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 DOCS = ROOT / "docs" / "methods-study.md"
-CONFIGS = ["methods-cranfield", "methods-cisi", "methods-scifact"]
+CONFIGS = ["methods-cranfield", "methods-cisi", "methods-scifact", "methods-scifact-mlm"]
 HEADER = "| method | stage | model folder | batch | learning rate | passes | temperature |"
-# The SciFact study's table: a step budget (max_steps) where a stage does not run whole passes.
+# The SciFact studies' tables: a step budget (max_steps) where a stage does not run whole passes.
 SCIFACT_HEADER = "| method | stage | model folder | batch | learning rate | passes | steps | temperature |"
+MLM_HEADER = "| method | stage (from the MLM base) | model folder | batch | learning rate | passes | steps | temperature |"
+HEADERS = {"methods-scifact": SCIFACT_HEADER, "methods-scifact-mlm": MLM_HEADER}
 # The fine-tuned row every method of a config reaches (the SciFact study stops at retriever 1,
 # and runs retriever 2 for none, coCondenser and CoT-MAE).
-LAST_ROW = {"methods-scifact": "r1"}
+LAST_ROW = {"methods-scifact": "r1", "methods-scifact-mlm": "r1"}
+# The methods of every study, and the rows that also get retriever 2 (all of them: None).
+METHODS = {
+    "none",
+    "condenser",
+    "cocondenser",
+    "contriever",
+    "bmae",
+    "cdmae",
+    "cotmae",
+    "qac-cocondenser",
+    "qac-cotmae",
+}
+EXTRA_METHODS = {"methods-scifact-mlm": {"none-mean"}}
+R2 = {
+    "methods-scifact": {"none", "cocondenser", "cotmae"},
+    "methods-scifact-mlm": {"none", "cocondenser", "cotmae"},
+}
 
 
 def documented_budgets(header: str = HEADER) -> list[dict[str, str]]:
@@ -52,6 +71,10 @@ def planned_commands(name: str, tmp_path: Path) -> tuple[str, list[str]]:
     folder = str(beir_folder(tmp_path / "beir"))
     for spec in config["collections"].values():
         spec["path"] = folder
+    generic = config.get("pretrain", {}).get("generic_corpus", {})
+    if generic.get("source") == "jsonl":  # the Debian corpus (make generic-corpus): a tiny stand-in
+        (tmp_path / "generic.jsonl").write_text('{"text": "A generic document of a few words."}\n')
+        generic["path"] = str(tmp_path / "generic.jsonl")
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     out = run_snakemake(
         [
@@ -72,6 +95,19 @@ def planned_commands(name: str, tmp_path: Path) -> tuple[str, list[str]]:
     return collection, [x[len(prefix) :] for x in out.stdout.splitlines() if x.startswith(prefix)]
 
 
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """planned_commands of a config, planned once per module (two tests read the same plans)."""
+    cache: dict[str, tuple[str, list[str]]] = {}
+
+    def plan(name: str) -> tuple[str, list[str]]:
+        if name not in cache:
+            cache[name] = planned_commands(name, tmp_path_factory.mktemp(name))
+        return cache[name]
+
+    return plan
+
+
 def flag(line: str, name: str) -> str:
     match = re.search(rf"--{name} (\S+)", line)
     assert match, f"--{name} missing from {line[:300]}"
@@ -79,20 +115,10 @@ def flag(line: str, name: str) -> str:
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_methods_config_plans_every_method_with_the_documented_budgets(name, tmp_path):
+def test_methods_config_plans_every_method_with_the_documented_budgets(name, plans):
     config = yaml.safe_load((ROOT / "config" / "examples" / f"{name}.yaml").read_text())
-    assert set(config["methods"]) == {
-        "none",
-        "condenser",
-        "cocondenser",
-        "contriever",
-        "bmae",
-        "cdmae",
-        "cotmae",
-        "qac-cocondenser",
-        "qac-cotmae",
-    }
-    collection, lines = planned_commands(name, tmp_path)
+    assert set(config["methods"]) == METHODS | EXTRA_METHODS.get(name, set())
+    collection, lines = plans(name)
     # Every method is fine-tuned through the same pipeline, up to the distilled retriever (the
     # SciFact study: retriever 1, and retriever 2 for the methods stages_of names).
     last = LAST_ROW.get(name, "distill")
@@ -100,8 +126,8 @@ def test_methods_config_plans_every_method_with_the_documented_budgets(name, tmp
         out = f"--out results/{collection}/{method}/seed-13/{last}/model"
         assert any(out in x for x in lines), f"{method}: no {last} planned"
     r2 = {m for m in config["methods"] if any(f"/{m}/seed-13/r2/model" in x for x in lines)}
-    assert r2 == ({"none", "cocondenser", "cotmae"} if name == "methods-scifact" else set(config["methods"]))
-    budgets = documented_budgets(SCIFACT_HEADER if name == "methods-scifact" else HEADER)
+    assert r2 == R2.get(name, set(config["methods"]))
+    budgets = documented_budgets(HEADERS.get(name, HEADER))
     # pre-training stages (pretrain_tokenize writes token stores, it trains nothing)
     pretrain = [x for x in lines if re.match(r"python -m dprflow\.stages\.pretrain_(?!tokenize)", x)]
     folders = {row["model folder"].replace("<collection>", collection) for row in budgets}
@@ -118,12 +144,12 @@ def test_methods_config_plans_every_method_with_the_documented_budgets(name, tmp
             assert float(flag(line, "temperature")) == float(row["temperature"]), folder
 
 
-def test_geometry_control_is_the_studys_none_r1_in_cls_dot(tmp_path):
+def test_geometry_control_is_the_studys_none_r1_in_cls_dot(plans):
     """scifact-geometry-control.yaml (docs/methods-study.md) trains the study's none/r1 with the
     same command, but CLS pooling and the dot product, the geometry of the pre-trained rows."""
 
     def none_r1(name: str) -> str:
-        _, lines = planned_commands(name, tmp_path / name)
+        _, lines = plans(name)
         (line,) = [x for x in lines if "--out results/scifact/none/seed-13/r1/model" in x]
         return line
 
@@ -131,3 +157,33 @@ def test_geometry_control_is_the_studys_none_r1_in_cls_dot(tmp_path):
     assert flag(control, "pooling") == "cls" and flag(control, "similarity") == "dot"
     drop = r" --(pooling|similarity) \S+"
     assert re.sub(drop, "", control) == re.sub(drop, "", study)
+
+
+def test_the_mlm_study_scores_every_row_in_its_papers_geometry(plans):
+    """methods-scifact-mlm.yaml starts every row from the MLM base, which has no pooling of its
+    own: none and the [CLS] methods fine-tune in [CLS] and the dot product (no flag: the model's
+    own), Contriever and none-mean, its control, in the mean and the dot product; every row is
+    tested against both none rows."""
+    _, lines = plans("methods-scifact-mlm")
+    retrievers = {
+        flag(x, "out").split("/")[2]: x
+        for x in lines
+        if "dprflow.stages.train_retriever" in x and "/r1/model" in flag(x, "out")
+    }
+    assert (
+        flag(retrievers["none"], "init")
+        == flag(retrievers["none-mean"], "init")
+        == "results/pretrain/mlm/model"
+    )
+    for method, line in retrievers.items():
+        geometry = re.findall(r"--(pooling|similarity) (\S+)", line)
+        if method == "none-mean":
+            assert geometry == [("pooling", "mean"), ("similarity", "dot")]
+        elif method == "contriever":
+            assert geometry == [("pooling", "mean")]  # its encoder's own similarity: dot
+        else:
+            assert geometry == [], method  # the MLM base's or the pre-trained encoder's own: cls, dot
+    config = yaml.safe_load((ROOT / "config" / "examples" / "methods-scifact-mlm.yaml").read_text())
+    assert config["evaluation"]["also_against"] == ["none/r1", "none-mean/r1"]
+    (mlm,) = [x for x in lines if "dprflow.stages.pretrain_mlm" in x]
+    assert flag(mlm, "out") == "results/pretrain/mlm/model"

@@ -60,6 +60,8 @@ def initial_geometry(method):
     configuration, else cls and dot)."""
     if method == "none":
         return config["model"]["pooling"], config["model"]["similarity"]
+    if method in GEOMETRY_CONTROLS:
+        return GEOMETRY_CONTROLS[method]
     if method in REFERENCES:
         return REFERENCES[method]["pooling"], REFERENCES[method]["similarity"]
     return PRETRAINED_POOLING.get(method), None

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import re
 from pathlib import Path
@@ -280,7 +279,7 @@ def _contriever_tokens(section: dict) -> int:
     document less one span."""
     if section["pairs"] == "ict":
         return section["max_doc_tokens"]
-    return math.ceil(section["ratio_max"] * section["max_doc_tokens"])
+    return max(1, int(section["ratio_max"] * section["max_doc_tokens"]))  # as contriever/data.py's span_length
 
 
 def _check_lengths(config: dict) -> list[str]:

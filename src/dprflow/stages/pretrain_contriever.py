@@ -33,7 +33,7 @@ from dprflow.data.token_store import Ranges, document_ranges, window_ranges
 from dprflow.errors import StageError
 from dprflow.files import scratch_dir
 from dprflow.models.init import load_tokenizer
-from dprflow.pretraining.contriever.data import PAIR_MODES, PairMaker
+from dprflow.pretraining.contriever.data import PAIR_MODES, PairMaker, longest_view
 from dprflow.pretraining.contriever.model import NEGATIVE_MODES, Contriever, ContrieverConfig
 from dprflow.pretraining.documents import CorpusArgs, open_or_tokenize, store_documents
 from dprflow.stage_args import TrainArgs
@@ -248,10 +248,12 @@ def _pretrain(args: Args, scratch: str) -> None:
     )
     model = Contriever.from_pretrained(args.init, config)
     positions = getattr(model.encoder.config, "max_position_embeddings", None)
-    if positions is not None and args.max_doc_tokens + 2 > positions:
+    longest = longest_view(args.pairs, args.ratio_max, args.max_doc_tokens)
+    if positions is not None and longest + 2 > positions:
         raise StageError(
-            f"--max-doc-tokens {args.max_doc_tokens} plus [CLS] and [SEP] exceeds the {positions} positions "
-            f"of {args.init}; use --max-doc-tokens {positions - 2} or less"
+            f"--pairs {args.pairs} with --max-doc-tokens {args.max_doc_tokens} and --ratio-max "
+            f"{args.ratio_max} gives views of up to {longest} tokens, plus [CLS] and [SEP] more than "
+            f"the {positions} positions of {args.init}; lower --max-doc-tokens or --ratio-max"
         )
 
     def step(m, batch):
