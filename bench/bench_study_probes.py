@@ -80,10 +80,16 @@ def main() -> int:
     targets = [f"results/{trained}/{m}/seed-13/r1/model" for m in config["methods"]]
     targets.append(f"results/{trained}/none/seed-13/r1/embeddings/shard_0.parquet")
     snakemake = str(Path(sys.executable).with_name("snakemake"))
+    # The targets first: --configfile takes every value after it.
     command = [
-        snakemake, *targets, "--profile", str(ROOT / "profiles" / "local"),
-        "-s", str(ROOT / "Snakefile"), "-d", str(args.work), "--configfile", str(args.work / "probe.yaml"),
-    ]  # fmt: skip  (targets first: --configfile takes every value after it)
+        snakemake,
+        *targets,
+        "--profile",
+        str(ROOT / "profiles" / "local"),
+        "-s",
+        str(ROOT / "Snakefile"),
+    ]
+    command += ["-d", str(args.work), "--configfile", str(args.work / "probe.yaml")]
     subprocess.run(command, check=True)
     rows = []
     for bench in sorted((args.work / "results" / "benchmarks").rglob("*.tsv")):

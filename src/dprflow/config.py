@@ -279,7 +279,8 @@ def _contriever_tokens(section: dict) -> int:
     document less one span."""
     if section["pairs"] == "ict":
         return section["max_doc_tokens"]
-    return max(1, int(section["ratio_max"] * section["max_doc_tokens"]))  # as contriever/data.py's span_length
+    # as contriever/data.py's span_length and longest_view (a crop of the window)
+    return max(1, int(section["ratio_max"] * section["max_doc_tokens"]))
 
 
 def _check_lengths(config: dict) -> list[str]:
