@@ -77,8 +77,9 @@ def main() -> int:
     )
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / "probe.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    targets = [f"results/{trained}/{m}/seed-13/r1/model" for m in config["methods"]]
-    targets.append(f"results/{trained}/none/seed-13/r1/embeddings/shard_0.parquet")
+    seed = config["finetune"].get("seed", 13)  # the schema's default
+    targets = [f"results/{trained}/{m}/seed-{seed}/r1/model" for m in config["methods"]]
+    targets.append(f"results/{trained}/none/seed-{seed}/r1/embeddings/shard_0.parquet")
     snakemake = str(Path(sys.executable).with_name("snakemake"))
     # The targets first: --configfile takes every value after it.
     command = [

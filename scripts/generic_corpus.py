@@ -573,19 +573,17 @@ def _postgresql_files(folder: Path) -> list[Path]:
 _SPHINX_GENERATED = {"genindex.html", "search.html", "py-modindex.html"}
 
 
-def _sphinx_files(folder: Path) -> list[Path]:
-    return sorted(
-        path
-        for path in folder.rglob("*.html")
-        if path.name not in _SPHINX_GENERATED
-        and not {"_modules", "_static"} & set(path.parts)
-        and not path.is_symlink()
-    )
-
-
 def _html_files(folder: Path) -> list[Path]:
     """The pages, not the links to them (git-doc's index.html is git.html)."""
     return sorted(path for path in folder.rglob("*.html") if not path.is_symlink())
+
+
+def _sphinx_files(folder: Path) -> list[Path]:
+    return [
+        path
+        for path in _html_files(folder)
+        if path.name not in _SPHINX_GENERATED and not {"_modules", "_static"} & set(path.parts)
+    ]
 
 
 def _java_files(folder: Path) -> list[Path]:

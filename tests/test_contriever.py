@@ -17,12 +17,12 @@ from transformers import AutoModel
 
 from dprflow.data.schemas import write_table
 from dprflow.models.init import load_tokenizer
+from dprflow.pretraining.contriever import longest_view
 from dprflow.pretraining.contriever.data import (
     PairMaker,
     crop_pair,
     first_tokens,
     ict_pair,
-    longest_view,
     random_crop,
     stream_documents,
 )

@@ -33,6 +33,7 @@ import jsonschema
 import yaml
 
 from dprflow.models.init import MLM_INIT
+from dprflow.pretraining.contriever import longest_view
 
 
 class ConfigError(ValueError):
@@ -274,18 +275,10 @@ def model_position_limit(name: str) -> int | None:
     return limit
 
 
-def _contriever_tokens(section: dict) -> int:
-    """The longest Contriever view: a crop of at most ratio_max of the document, or (ICT) the
-    document less one span."""
-    if section["pairs"] == "ict":
-        return section["max_doc_tokens"]
-    # as contriever/data.py's span_length and longest_view (a crop of the window)
-    return max(1, int(section["ratio_max"] * section["max_doc_tokens"]))
-
-
 def _check_lengths(config: dict) -> list[str]:
     """Token lengths a model is fed against the limit of the model that reads them."""
     pt, ft = config["pretrain"], config["finetune"]
+    cv = pt["contriever"]
     init = config["model"]["init"]
     reranker = ft["reranker"]["init"] or init
     # Stage two may start from a given checkpoint instead of stage one's model: its spans and
@@ -300,10 +293,14 @@ def _check_lengths(config: dict) -> list[str]:
         # a span or a crop plus [CLS] and [SEP]
         (cocondenser, "pretrain.cocondenser.span_max", pt["cocondenser"]["span_max"] + 2),
         (mae, "pretrain.mae.span_max", pt["mae"]["span_max"] + 2),
-        (init, "pretrain.contriever.max_doc_tokens", _contriever_tokens(pt["contriever"]) + 2),
+        (
+            init,
+            "pretrain.contriever.max_doc_tokens",
+            longest_view(cv["pairs"], cv["ratio_max"], cv["max_doc_tokens"]) + 2,
+        ),
     ]
     # The reranker's pairs only where a row reranks (or distils from the reranker).
-    stages = set(ft["stages"]).union(*(ft.get("stages_of") or {}).values())
+    stages = set(ft["stages"]).union(*ft["stages_of"].values())
     if stages & {"rerank", "distill"}:
         lengths.append((reranker, "finetune.reranker.max_length", ft["reranker"]["max_length"]))
     for ref in _references(config)[0].values():

@@ -33,7 +33,8 @@ from dprflow.data.token_store import Ranges, document_ranges, window_ranges
 from dprflow.errors import StageError
 from dprflow.files import scratch_dir
 from dprflow.models.init import load_tokenizer
-from dprflow.pretraining.contriever.data import PAIR_MODES, PairMaker, longest_view
+from dprflow.pretraining.contriever import longest_view
+from dprflow.pretraining.contriever.data import PAIR_MODES, PairMaker
 from dprflow.pretraining.contriever.model import NEGATIVE_MODES, Contriever, ContrieverConfig
 from dprflow.pretraining.documents import CorpusArgs, open_or_tokenize, store_documents
 from dprflow.stage_args import TrainArgs

@@ -89,15 +89,6 @@ def span_length(rng: np.random.Generator, n: int, ratio_min: float, ratio_max: f
     return int(min(n, max(1, int(ratio * n))))
 
 
-def longest_view(pairs: str, ratio_max: float, max_doc_tokens: int) -> int:
-    """The most tokens a view holds, [CLS] and [SEP] left out: a crop is at most ``ratio_max`` of
-    the window (:func:`span_length`), an ICT context the window less its span (at most the whole
-    window, when the span is kept). The model's positions must hold this plus 2, not the window."""
-    if pairs == "ict":
-        return max_doc_tokens
-    return max(1, int(ratio_max * max_doc_tokens))
-
-
 def random_crop(
     rng: np.random.Generator, ids: Sequence[int], ratio_min: float, ratio_max: float
 ) -> tuple[int, int]:
