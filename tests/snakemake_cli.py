@@ -9,7 +9,8 @@ and the logging set-up. The signal handlers matter most: Snakemake's scheduler c
 (to stop its jobs gracefully), and a process forked later by the same test worker inherits the
 handler, so ``multiprocessing.Pool.terminate`` (SIGTERM to its workers, then a join) waited for
 ever on a worker that had caught the signal and gone back to its queue. Runs that execute jobs
-stay commands (:func:`subprocess.run`), as a user runs them.
+stay commands (:func:`subprocess.run`), as a user runs them; their jobs' ``python -m`` calls
+are forked from a server that imported torch once (tests/job_server.py).
 """
 
 from __future__ import annotations
@@ -116,6 +117,9 @@ def snakemake(
     args = [str(a) for a in command[1:]]
     if executes_no_job(args):
         return run(args, env, cwd)
+    from job_server import job_environment
+
+    env = job_environment(None if env is None else dict(env))
     return subprocess.run(
         [str(command[0]), *args], capture_output=True, text=True, timeout=3600, env=env, cwd=cwd
     )

@@ -4,8 +4,9 @@ asks first, and read by tests/test_workflow*.py in any of pytest-xdist's process
 The run starts from a 2-layer BERT of hidden size 32 with random weights, saved as a
 sentence-transformers folder (mean pooling, cosine, as the packaged MiniLM), with the packaged
 MiniLM tokenizer: every stage runs its real code on real tokens, and each training or encoding job
-costs its start-up rather than MiniLM's arithmetic (the whole run: about 40 jobs). The packaged
-model itself runs in `make run` and the stage tests.
+costs its start-up rather than MiniLM's arithmetic (the whole run: about 40 jobs, whose `python -m`
+calls are forked from the suite's job server, tests/job_server.py: 39 s instead of 116 s on 2
+idle cores). The packaged model itself runs in `make run` and the stage tests.
 """
 
 from __future__ import annotations
