@@ -343,46 +343,47 @@ def serve(sock: str) -> None:
 
 # --- the test process's side --------------------------------------------------------------------
 
-_server: tuple[subprocess.Popen, Path] | None = None
+# One server per environment the suite's runs start from (its import-time variables): tests
+# change this process's environment, and a server serves only jobs of its own.
+_servers: dict[str, tuple[subprocess.Popen, Path]] = {}
 
 
 def job_environment(env: dict[str, str] | None = None) -> dict[str, str]:
-    """``env`` (default: this process's) with the shim's folder first on PATH, the server started
-    on first use; unchanged with ``DPRFLOW_TEST_REAL_PYTHON=1``."""
+    """``env`` (default: this process's) with the folder of its server's shim first on PATH, the
+    server started on first use; unchanged with ``DPRFLOW_TEST_REAL_PYTHON=1``."""
     env = dict(os.environ if env is None else env)
     if os.environ.get("DPRFLOW_TEST_REAL_PYTHON") == "1":
         return env
-    folder = _start()
+    _, folder = _server(env)
     env["PATH"] = f"{folder}{os.pathsep}{env.get('PATH', '')}"
     return env
 
 
-def wait_until_serving() -> bool:
-    """Start the server if need be and wait (no time limit) until it answers calls: True, or
-    False when it exited first (its log: ``server.log`` in the shim's folder)."""
+def wait_until_serving(env: dict[str, str]) -> Path | None:
+    """Wait (no time limit) until the server for ``env`` answers calls: its folder (``server.log``
+    there lists the calls it refused), or None when it exited first."""
     import time
 
-    folder = _start()
+    server, folder = _server(env)
     while not (folder / "server.sock").exists():
-        if _server[0].poll() is not None:
-            return False
+        if server.poll() is not None:
+            return None
         time.sleep(0.1)
-    return True
+    return folder
 
 
-def _start() -> Path:
-    global _server
-    if _server is None:
+def _server(env: dict[str, str]) -> tuple[subprocess.Popen, Path]:
+    key = json.dumps(sorted(import_time_environment(env).items()))
+    if key not in _servers:
         folder = Path(tempfile.mkdtemp(prefix="dprflow-jobs-"))
         sock = folder / "server.sock"
         real = Path(sys.executable)
         # Started without waiting: calls made before its socket exists go to real interpreters.
         # Its pools are loaded with one thread each; a child sets its job's counts.
-        env = {**os.environ, **{k: "1" for k in THREAD_VARIABLES}}
         server = subprocess.Popen(
             [str(real), str(Path(__file__).resolve()), "serve", str(sock)],
             stdin=subprocess.PIPE,
-            env=env,
+            env={**env, **dict.fromkeys(THREAD_VARIABLES, "1")},
             stdout=subprocess.DEVNULL,
             stderr=open(folder / "server.log", "w"),  # noqa: SIM115 (the server's)
         )
@@ -390,14 +391,14 @@ def _start() -> Path:
         quoted = {"real": real, "socket": sock, "client": Path(__file__).resolve()}
         shim.write_text(SHIM.format(**{k: shlex.quote(str(v)) for k, v in quoted.items()}))
         shim.chmod(0o755)
-        atexit.register(_stop)
-        _server = (server, folder)
-    return _server[1]
+        if not _servers:
+            atexit.register(_stop)
+        _servers[key] = (server, folder)
+    return _servers[key]
 
 
 def _stop() -> None:
-    if _server is not None:
-        server, folder = _server
+    for server, folder in _servers.values():
         server.stdin.close()
         server.wait()
         for p in folder.iterdir():

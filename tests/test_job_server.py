@@ -38,15 +38,16 @@ def served(tmp_path_factory):
     """The shim's environment (server up), a folder of modules on its PYTHONPATH, the server log."""
     if os.environ.get("DPRFLOW_TEST_REAL_PYTHON") == "1":
         pytest.skip("DPRFLOW_TEST_REAL_PYTHON=1: the server is off")
-    assert job_server.wait_until_serving(), (job_server._start() / "server.log").read_text()
     modules = tmp_path_factory.mktemp("modules")
     (modules / "probe.py").write_text(PROBE)
     (modules / "sleeper.py").write_text("import sys, time\nprint('up', flush=True)\ntime.sleep(600)\n")
     (modules / "killer.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
     venv = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    folder = job_server.wait_until_serving(venv)
+    assert folder is not None, "the job server exited"
     env = job_server.job_environment(venv)
     env.update({k: "2" for k in job_server.THREAD_VARIABLES}, PYTHONPATH=str(modules))
-    return env, modules, job_server._start() / "server.log"
+    return env, modules, folder / "server.log"
 
 
 def call(env, line, cwd):
