@@ -148,12 +148,13 @@ def client(sock: str, argv: list[str]) -> None:
     pid = reply["pid"]
     for sig in SIGNALS:
         signal.signal(sig, lambda s, _f: os.kill(pid, s))
-    while True:
-        try:
-            status = _receive(conn)[0]["status"]
-            break
-        except InterruptedError:
-            continue
+    try:
+        status = _receive(conn)[0]["status"]
+    except (OSError, EOFError):  # the server went away first: so does its job
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        print(f"job server: stopped before job {pid} ended; killed it", file=sys.stderr)
+        os._exit(1)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         if sig != signal.SIGKILL:
