@@ -36,6 +36,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 # The packages a job's module imports: loaded once by the server, before it forks.
@@ -96,14 +97,12 @@ def import_time_environment(env: dict[str, str]) -> dict[str, str]:
     }
 
 
-def thread_counts(env: dict[str, str]) -> dict[str, int] | None:
-    """The OpenMP and BLAS pool sizes a fresh interpreter with ``env`` gets, when ``env`` gives
-    every count of :data:`THREAD_VARIABLES` as the same positive integer (as Snakemake does);
-    else None (which library reads which variable first is theirs to settle)."""
-    counts = {env.get(k, "") for k in THREAD_VARIABLES}
-    if len(counts) != 1 or not counts.pop().isdigit() or int(env["OMP_NUM_THREADS"]) < 1:
-        return None
-    return {"openmp": int(env["OMP_NUM_THREADS"]), "blas": int(env["OMP_NUM_THREADS"])}
+def thread_count(env: dict[str, str]) -> int | None:
+    """The size of every OpenMP and BLAS pool a fresh interpreter with ``env`` gets, when ``env``
+    gives every count of :data:`THREAD_VARIABLES` as the same positive integer (as Snakemake
+    does); else None (which library reads which variable first is theirs to settle)."""
+    (count, *others) = {env.get(k, "") for k in THREAD_VARIABLES}
+    return int(count) if not others and count.isdigit() and int(count) > 0 else None
 
 
 def _send(conn: socket.socket, message: dict) -> None:
@@ -112,9 +111,9 @@ def _send(conn: socket.socket, message: dict) -> None:
 
 
 def _receive(conn: socket.socket, fds: int = 0) -> tuple[dict, list[int]]:
-    head, got, _, _ = socket.recv_fds(conn, 8, fds) if fds else (conn.recv(8), [], 0, None)
-    if len(head) < 8:
-        head += _exactly(conn, 8 - len(head))
+    """A message of :func:`_send` (of the caller's request: with ``fds`` file descriptors)."""
+    head, got = socket.recv_fds(conn, 8, fds)[:2] if fds else (conn.recv(8), [])
+    head += _exactly(conn, 8 - len(head))
     return json.loads(_exactly(conn, int.from_bytes(head, "big"))), list(got)
 
 
@@ -175,20 +174,13 @@ def _umask() -> int:
 def _child(request: dict, fds: list[int], base_path: list[str], added: dict[str, str]) -> None:
     """In the forked process: take the job's streams, folder, environment and umask, then run the
     module as ``python -m`` does; never returns."""
-    code = 1
+    code, interrupted = 1, False
     try:
         for target, fd in enumerate(fds):
             if fd != target:
                 os.dup2(fd, target)
                 os.close(fd)
-        for sig in (
-            signal.SIGCHLD,
-            signal.SIGTERM,
-            signal.SIGHUP,
-            signal.SIGQUIT,
-            signal.SIGUSR1,
-            signal.SIGUSR2,
-        ):
+        for sig in (signal.SIGCHLD, *SIGNALS):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.set_wakeup_fd(-1)
@@ -202,8 +194,7 @@ def _child(request: dict, fds: list[int], base_path: list[str], added: dict[str,
         sys.path[:] = [os.getcwd(), *extra, *base_path]
         import threadpoolctl
 
-        for api, count in thread_counts(request["env"]).items():
-            threadpoolctl.threadpool_limits(limits=count, user_api=api)
+        threadpoolctl.threadpool_limits(limits=thread_count(request["env"]))  # every pool
         import random
         import tempfile
 
@@ -228,20 +219,15 @@ def _child(request: dict, fds: list[int], base_path: list[str], added: dict[str,
                 code = 1
         except BaseException as exc:  # the traceback Python prints, without this function's frame
             sys.excepthook(type(exc), exc, exc.__traceback__.tb_next)
-            code = 1
-            if isinstance(exc, KeyboardInterrupt):  # Python then dies of SIGINT
-                atexit._run_exitfuncs()
-                sys.stdout.flush()
-                sys.stderr.flush()
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGINT)
+            interrupted = isinstance(exc, KeyboardInterrupt)
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(Exception):  # a closed stream must not change the exit code
                 stream.flush()
-            except Exception:  # noqa: BLE001 (a closed stream must not change the exit code)
-                pass
+        if interrupted:  # Python dies of SIGINT after a KeyboardInterrupt's traceback
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         os._exit(code)
 
 
@@ -289,14 +275,13 @@ def serve(sock: str) -> None:
             except (OSError, EOFError, ValueError):
                 conn.close()
                 continue
-            why = None
+            why, theirs = None, import_time_environment(request["env"])
             if request["argv"][:1] != ["-m"] or len(request["argv"]) < 2:
                 why = "not a -m call"
-            elif import_time_environment(request["env"]) != environment:
-                theirs = import_time_environment(request["env"])
+            elif theirs != environment:
                 keys = sorted(k for k in {*theirs, *environment} if theirs.get(k) != environment.get(k))
                 why = f"the import-time variables {', '.join(keys)} differ"
-            elif thread_counts(request["env"]) is None:
+            elif thread_count(request["env"]) is None:
                 why = "the thread counts are not one positive integer"
             if why:
                 for fd in fds:
@@ -317,13 +302,10 @@ def serve(sock: str) -> None:
                 os.close(fd)
             _send(conn, {"pid": pid})
             jobs[pid], callers[conn] = conn, pid
-        if wake_r in readable:
-            while True:
-                try:
-                    if not os.read(wake_r, 512):
-                        break
-                except BlockingIOError:
-                    break
+        if wake_r in readable:  # drain the signal bytes; the reaping below is for any SIGCHLD
+            with contextlib.suppress(BlockingIOError):
+                while os.read(wake_r, 512):
+                    pass
         for conn in [c for c in callers if c in readable]:
             if not conn.recv(1, socket.MSG_PEEK):  # the caller is gone: so is its job
                 with contextlib.suppress(ProcessLookupError):
@@ -349,7 +331,7 @@ def serve(sock: str) -> None:
 _servers: dict[str, tuple[subprocess.Popen, Path]] = {}
 
 
-def job_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+def job_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``env`` (default: this process's) with the folder of its server's shim first on PATH, the
     server started on first use; unchanged with ``DPRFLOW_TEST_REAL_PYTHON=1``."""
     env = dict(os.environ if env is None else env)
