@@ -320,3 +320,29 @@ def test_stages_stream_by_java_call_and_equal_the_whole_run(index, run, tmp_path
     negatives = read_table(tmp_path / "neg.parquet", "negatives")
     pd.testing.assert_frame_equal(negatives, read_table(tmp_path / "expected.parquet", "negatives"))
     assert "p1" not in set(negatives.loc[negatives["query_id"] == "q-cat", "passage_id"])
+
+
+def test_a_java_failure_ends_the_stage_in_one_error_line_with_javas_own_words(index, tmp_path, capsys):
+    """A library error (here Lucene's, on an index whose segments file is garbage) ends the stage in
+    an `error:` line that leads with Java's exception, not a Python traceback; a non-finite k1 is
+    refused before Java starts, naming it."""
+    import shutil
+
+    from dprflow.data.schemas import write_table
+    from dprflow.stages import bm25_search
+
+    broken = tmp_path / "index"
+    shutil.copytree(index[0], broken)
+    for segments in broken.glob("segments_*"):
+        segments.write_bytes(b"not a segments file" * 8)
+    write_table(QUERIES.assign(split="test"), tmp_path / "queries.parquet", "queries")
+    argv = ["--queries", str(tmp_path / "queries.parquet"), "--split", "test", "--heap-mb", "512"]
+    argv += ["--out", str(tmp_path / "run.parquet")]
+    assert bm25_search.main([*argv, "--index", str(broken)]) == 1
+    last = capsys.readouterr().err.strip().splitlines()
+    error = next(line for line in last if line.startswith("error: "))
+    assert error.startswith("error: BM25Error: Java io.anserini.search.SearchCollection exited with status")
+    assert "Exception" in error and "Traceback" not in "\n".join(last)
+    assert not (tmp_path / "run.parquet").exists()
+    assert bm25_search.main([*argv, "--index", str(index[0]), "--k1", "inf"]) == 1
+    assert "BM25 needs k1 >= 0 and 0 <= b <= 1, got k1=inf" in capsys.readouterr().err

@@ -28,13 +28,20 @@ def test_outputs_changed_by_hand_are_refused_by_what_reads_them(finished_run, tm
     shutil.copyfile(row / "r2/run.parquet", row / "distill/run.parquet")
     # The negatives table of the same folder: the same schema as a run, scored 0 before.
     shutil.copyfile(row / "r2/negatives.parquet", row / "r2/run.parquet")
-    scored = snakemake(
-        copy, config, "--keep-going", f"{ROW}/r2/metrics.parquet", f"{ROW}/distill/metrics.parquet"
-    )
+    # r2's run copied over r1's together with its record: the bytes match that record, but it
+    # was written for r2/run.parquet.
+    for name in ("run.parquet", "run.parquet.provenance.json"):
+        shutil.copy2(row / "r2" / name, row / "r1" / name)
+    metrics = [f"{ROW}/{stage}/metrics.parquet" for stage in ("r2", "distill", "r1")]
+    scored = snakemake(copy, config, "--keep-going", *metrics)
     assert scored.returncode != 0
     logs = read_logs(copy)
     for path in ("r2/run.parquet", "distill/run.parquet"):
         assert f"{ROW}/{path}: changed since the 'search_dense' stage wrote it" in logs, scored.stderr[-3000:]
+    expected = f"{ROW}/r1/run.parquet: its provenance record ({ROW}/r1/run.parquet.provenance.json) was "
+    assert expected + f"written by the 'search_dense' stage for {ROW}/r2/run.parquet" in logs, scored.stderr[
+        -3000:
+    ]
     # r2's weights over r1's. Snakemake dates a folder output by its own stamp file, so this
     # reruns nothing by itself; an embedding shard removed makes the job that reads the model run.
     shutil.copyfile(row / "r2/model/model.safetensors", row / "r1/model/model.safetensors")
@@ -46,6 +53,14 @@ def test_outputs_changed_by_hand_are_refused_by_what_reads_them(finished_run, tm
         -3000:
     ]
     assert f"Remove it (rm -r '{ROW}/r1/model')" in logs
+    # `rm -r r1/model && cp -r r2/model r1/model`: r2's record comes along inside the folder.
+    shutil.rmtree(row / "r1/model")
+    shutil.copytree(row / "r2/model", row / "r1/model")
+    encoded = snakemake(copy, config, f"{ROW}/r1/embeddings/shard_0.parquet")
+    assert encoded.returncode != 0
+    logs = read_logs(copy)
+    assert f"{ROW}/r1/model: its provenance record" in logs, encoded.stderr[-3000:]
+    assert f"'train_retriever' stage for {ROW}/r2/model, not for this place" in logs
 
     # An export no stage reads, missing its weights: refused when the workflow plans.
     hub = row / "r2/hub"

@@ -6,6 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -197,3 +200,117 @@ def test_the_results_root_is_not_hashed_only_the_files_named_in_it(tmp_path):
     (tmp_path / "results" / "hub" / "modules.json").write_text("[]")
     args = Args(str(tmp_path / "results"), [str(metrics)], str(tmp_path / "results" / "compare.csv"))
     assert provenance.input_hashes(args) == {str(metrics): hashlib.sha256(b"metrics").hexdigest()}
+
+
+def counts_of_two_shards(tmp_path) -> tuple[Path, Path]:
+    """Two pmi_count outputs of different passages, each with its record: two stages' outputs."""
+    made = []
+    for name, text in (("a", "wing lift flow"), ("b", "wing lift drag flow lift")):
+        passages = passages_table(tmp_path / f"passages_{name}.parquet", text)
+        out = tmp_path / name / "counts.parquet"
+        out.parent.mkdir()
+        assert (
+            pmi_count.main(["--corpus", "passages", "--corpus-path", str(passages), "--out", str(out)]) == 0
+        )
+        made.append(out)
+    return made[0], made[1]
+
+
+def test_an_output_copied_with_its_record_to_another_place_is_refused_naming_both(tmp_path, capsys):
+    """`cp b/counts.parquet* a/` (what a user does to reuse an output): the record's hash matches
+    the bytes, but it was written for b; a reads as b's figures unless the record names its place."""
+    a, b = counts_of_two_shards(tmp_path)
+    assert provenance.read(a)["artifact"]["path"] == str(a)  # outside the working folder: absolute
+    shutil.copyfile(b, a)
+    shutil.copyfile(provenance.record_path(b), provenance.record_path(a))
+    with pytest.raises(
+        provenance.ChangedArtifactError, match="was written by the 'pmi_count' stage for"
+    ) as err:
+        provenance.cached_sha256(a)
+    assert str(a) in str(err.value) and str(b) in str(err.value)
+    assert pmi.main(["--counts", str(a), "--out", str(tmp_path / "merged.parquet")]) == 1
+    assert f"for {b}, not for this place" in capsys.readouterr().err
+    assert not (tmp_path / "merged.parquet").exists()
+    # The original stays valid, and so does a folder copied whole with its record into another.
+    assert provenance.cached_sha256(b)[0] == provenance.read(b)["artifact"]["sha256"]
+    shutil.copytree(b.parent, tmp_path / "c")
+    with pytest.raises(provenance.ChangedArtifactError, match=f"for {b}, not for this place"):
+        provenance.cached_sha256(tmp_path / "c" / "counts.parquet")
+
+
+def test_a_model_folder_copied_with_its_record_is_refused(tmp_path):
+    """`rm -r r1/model && cp -r r2/model r1/model`: provenance.json comes along inside the folder."""
+    r1, r2 = tmp_path / "r1" / "model", tmp_path / "r2" / "model"
+    for folder, weights in ((r1, b"r1 weights"), (r2, b"r2 weights")):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(weights)
+        provenance.record_path(folder).write_text(
+            json.dumps({"stage": "train_retriever", "artifact": provenance.artifact_entry(folder)})
+        )
+    shutil.rmtree(r1)
+    shutil.copytree(r2, r1)
+    assert f"for {r2}, not for this place" in provenance.changed_since_written(r1)
+    # A record from before records named their place is checked against its output arguments.
+    record = json.loads(provenance.record_path(r1).read_text())
+    del record["artifact"]["path"]
+    provenance.record_path(r1).write_text(json.dumps({**record, "args": {"out": str(r2), "init": str(r1)}}))
+    assert f"for {r2}, not for this place" in provenance.changed_since_written(r1)
+    provenance.record_path(r1).write_text(json.dumps({**record, "args": {"out": str(r1)}}))
+    assert provenance.changed_since_written(r1) is None
+
+
+def test_records_inside_the_working_folder_stay_valid_when_it_is_copied_whole(tmp_path, monkeypatch):
+    """A record names its output relative to the working folder: a whole workflow folder copied or
+    moved elsewhere (a copy of a finished run) keeps every record valid."""
+    work = tmp_path / "work"
+    (work / "results").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    passages_table(Path("results/passages.parquet"))
+    argv = [
+        "--corpus",
+        "passages",
+        "--corpus-path",
+        "results/passages.parquet",
+        "--out",
+        "results/counts.parquet",
+    ]
+    assert pmi_count.main(argv) == 0
+    assert provenance.read("results/counts.parquet")["artifact"]["path"] == "results/counts.parquet"
+    assert provenance.read(work / "results/counts.parquet")["artifact"]["path"] == "results/counts.parquet"
+    shutil.copytree(work, tmp_path / "copy", copy_function=shutil.copy2)
+    monkeypatch.chdir(tmp_path / "copy")
+    assert provenance.changed_since_written("results/counts.parquet") is None
+    assert provenance.changed_since_written(tmp_path / "copy/results/counts.parquet") is None
+
+
+def test_a_replacement_with_the_same_size_and_mtime_is_hashed_and_refused(tmp_path):
+    """`touch -r old new; cp -p new old`: same name, size and mtime. The change time (and, for a
+    file moved in, the inode) cannot be set by hand, so the stat differs and the bytes are hashed."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    weights = folder / "model.safetensors"
+    weights.write_bytes(b"weights one")
+    provenance.record_path(folder).write_text(
+        json.dumps({"stage": "train_retriever", "artifact": provenance.artifact_entry(folder)})
+    )
+    assert provenance.cached_sha256(folder)[1]  # reused: nothing changed
+    other = tmp_path / "other.safetensors"
+    other.write_bytes(b"weights two")  # the same size
+    subprocess.run(["touch", "-r", str(weights), str(other)], check=True)
+    # The kernel stamps ctime from a clock that ticks every few ms: let it pass the file's.
+    while weights.stat().st_ctime_ns + 50_000_000 > time.time_ns():
+        time.sleep(0.01)
+    subprocess.run(["cp", "-p", str(other), str(weights)], check=True)
+    assert weights.stat().st_mtime_ns == other.stat().st_mtime_ns  # what stat_of saw before
+    with pytest.raises(provenance.ChangedArtifactError, match="its bytes differ from those recorded"):
+        provenance.cached_sha256(folder)
+    # A file moved in over it (a new inode), with the old mtime: hashed too.
+    weights.write_bytes(b"weights one")
+    provenance.record_path(folder).write_text(
+        json.dumps({"stage": "train_retriever", "artifact": provenance.artifact_entry(folder)})
+    )
+    other.write_bytes(b"weights two")
+    os.utime(other, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns))
+    os.replace(other, weights)
+    with pytest.raises(provenance.ChangedArtifactError, match="its bytes differ from those recorded"):
+        provenance.cached_sha256(folder)

@@ -109,6 +109,10 @@ def run_stage(
         log.error("%s failed: %s", prog, exc)
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:  # a library's own error (Java's, faiss's, torch's, an OS error)
+        log.exception("%s failed", prog)  # the traceback, in the job's log, for a bug report
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     if distributed_rank() == 0:
         provenance.write(prog, args, started, figures)
     return 0

@@ -20,8 +20,9 @@ hashing all of it would read every embedding of the run (27 GB a model on MS MAR
 jobs writing beside it, such as export_model rewriting a ``hub/`` while the report is built.
 
 Each record also holds ``artifact``: the SHA-256 of the output it sits beside, computed once by
-the stage that wrote it, with the output's size and a digest of its files' sizes and mtimes
-(``stat``). A later stage reading that output as an input reuses the hash while ``stat`` still
+the stage that wrote it, with its place (``path``: a record copied to another place with its output
+is refused, :func:`place`), the output's size and a digest of its files' sizes, mtimes, inodes and
+change times (``stat``). A later stage reading that output as an input reuses the hash while ``stat`` still
 matches, instead of hashing the same passages, embeddings and models again in every job
 (:func:`cached_sha256`); a changed or rewritten file no longer matches and is hashed anew.
 """
@@ -108,7 +109,9 @@ def sha256_of(path: str | os.PathLike) -> str:
 
 def stat_of(path: str | os.PathLike) -> dict[str, Any]:
     """What :func:`cached_sha256` compares before trusting a stored hash: total bytes, number of
-    files and a digest of each file's relative path, size and mtime (ns). Reads no content."""
+    files and a digest of each file's relative path, size, mtime, inode and change time (ns).
+    Reads no content. A user can set a file's size and mtime (``touch -r``, ``cp -p``) but not its
+    inode or ctime, so a file put in place by hand always differs here and gets hashed."""
     path = Path(path)
     files = [path] if path.is_file() else _folder_files(path)
     digest = hashlib.sha256()
@@ -117,15 +120,26 @@ def stat_of(path: str | os.PathLike) -> dict[str, Any]:
         st = child.stat()
         size += st.st_size
         name = "" if child == path else str(child.relative_to(path))
-        digest.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        digest.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{st.st_ctime_ns}\n".encode())
     return {"size": size, "files": len(files), "stat": digest.hexdigest()}
+
+
+def place(path: str | os.PathLike) -> str:
+    """Where an output is, as a record names it: relative to the working directory when inside it
+    (so a whole results tree moved or copied with its working directory keeps its records valid),
+    else absolute. Textual: a symbolic link on the way is not followed."""
+    where = Path(os.path.abspath(path))
+    try:
+        return str(where.relative_to(Path.cwd()))
+    except ValueError:
+        return str(where)
 
 
 MAX_NAMES = 1000  # a folder's file names kept in its record, to name the ones that go missing
 
 
 def artifact_entry(path: str | os.PathLike) -> dict[str, Any] | None:
-    """``{"sha256", "size", "files", "stat"}`` of an output, for its record, and for a folder of
+    """``{"sha256", "size", "files", "stat", "path"}`` of an output, for its record, and for a folder of
     at most :data:`MAX_NAMES` files their relative paths (``names``); None when it changed while
     being hashed (then nothing is stored and readers hash it themselves)."""
     path = Path(path)
@@ -133,7 +147,7 @@ def artifact_entry(path: str | os.PathLike) -> dict[str, Any] | None:
     sha = sha256_of(path)
     if stat_of(path) != before:
         return None
-    entry = {"sha256": sha, **before}
+    entry = {"sha256": sha, **before, "path": place(path)}
     if path.is_dir() and before["files"] <= MAX_NAMES:
         entry["names"] = [str(p.relative_to(path)) for p in _folder_files(path)]
     return entry
@@ -174,6 +188,8 @@ def cached_sha256(path: str | os.PathLike) -> tuple[str, bool]:
         if memo[0] == now:
             return memo[1], True
     produced = _stored(record_path(path), "artifact")
+    if produced is not None:
+        _refuse_if_misplaced(path)
     for stored in (produced, _stored(hash_cache_path(path), None)):
         if stored is None:
             continue
@@ -225,6 +241,30 @@ def refuse_changed(paths: list[str | os.PathLike]) -> None:
     ]
     if problems:
         raise ChangedArtifactError("\n".join(problems))
+
+
+def _refuse_if_misplaced(path: Path) -> None:
+    """Raise :class:`ChangedArtifactError` when the record beside ``path`` was written for another
+    output: a model folder or a run copied together with its record (``cp -r r2/model r1/model``)
+    holds bytes that a stage wrote elsewhere, and the row at this place would report that row's
+    figures. A record from before records named their place is checked against its output
+    arguments."""
+    record = read(path) or {}
+    where = record.get("artifact", {}).get("path")
+    if where is not None:
+        places = [where]
+    else:
+        outputs = [v for k, v in record.get("args", {}).items() if is_output_arg(k)]
+        places = [p for v in outputs for p in (v if isinstance(v, list) else [v]) if isinstance(p, str) and p]
+    if not places or place(path) in {place(p) for p in places}:
+        return
+    stage = record.get("stage", "?")
+    raise ChangedArtifactError(
+        f"{path}: its provenance record ({record_path(path)}) was written by the {stage!r} stage for "
+        f"{places[0]}, not for this place: copied or moved here by hand, it is not what the stage that "
+        f"makes {path} wrote. Remove it (rm -r {str(path)!r}) and run snakemake again: its rule "
+        "rebuilds it and reruns what reads it."
+    )
 
 
 def _refuse_if_changed(path: Path, produced: dict[str, Any] | None, digest: str) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -191,6 +192,7 @@ def _run_java(
     cmd += ["-cp", str(jar), main_class, *map(str, args)]
     log.info("running %s", " ".join(cmd))
     tail: deque[str] = deque(maxlen=_TAIL_LINES)
+    thrown: list[str] = []  # Java's first exception line: its own words, before 30 lines of frames
     sink = open(log_file, "a", encoding="utf-8") if log_file is not None else None
     start = time.perf_counter()
     try:
@@ -212,6 +214,8 @@ def _run_java(
         for raw in proc.stdout:
             line = raw.rstrip("\r\n")
             tail.append(line)
+            if not thrown and _JAVA_EXCEPTION.match(line):
+                thrown.append(line)
             if sink is not None:
                 sink.write(line + "\n")
             stripped = line.lstrip()
@@ -229,8 +233,9 @@ def _run_java(
     seconds = time.perf_counter() - start
     if returncode != 0:
         last = "\n".join(tail) or "(no output)"
+        said = f": {thrown[0].strip()}" if thrown else ""
         raise BM25Error(
-            f"Java {main_class} exited with status {returncode} after {seconds:.1f}s; "
+            f"Java {main_class} exited with status {returncode} after {seconds:.1f}s{said}; "
             f"its last lines:\n{last}\n(command: {' '.join(cmd)})"
         )
     return seconds
@@ -523,7 +528,7 @@ def iter_search(
         raise ValueError(f"k must be >= 1, got {k}")
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    if k1 < 0 or not 0 <= b <= 1:
+    if not (math.isfinite(k1) and k1 >= 0 and 0 <= b <= 1):
         raise ValueError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, got k1={k1}, b={b}")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
