@@ -333,6 +333,12 @@ def test_a_missing_model_folder_in_any_model_setting_is_refused_naming_it(key, t
     assert f"{key} = 'mlm': only model.init names the MLM base" in message
 
 
+def test_a_dry_run_stops_on_a_missing_stage_two_start_before_any_job(tmp_path):
+    override = "pretrain={'mae': {'corpus_init': './no/such/retromae'}}"
+    printed = failed_dry_run(tmp_path, override)
+    assert "pretrain.mae.corpus_init = './no/such/retromae' does not exist" in printed
+
+
 @pytest.mark.parametrize(
     "key", ["pretrain.cocondenser.init", "pretrain.mae.corpus_init", "finetune.reranker.init"]
 )
