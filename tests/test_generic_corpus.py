@@ -2,7 +2,8 @@
 fake tree (tmp_path) laid out like the installed packages, the readers keep the prose and drop the
 code, tables and markup; translations, duplicates and index pages are never read; the manifest's
 counts are those of the output; the order is the seed's; the workflow's own jsonl reader reads
-every document back; and a package not installed is an error naming the install command.
+every document back; a package not installed is an error naming the install command; and an
+install that apt cannot do (not root) says what to do instead.
 
 No network, no apt, no ../shared; the packaged tokenizer counts the tokens."""
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -481,3 +484,67 @@ def test_repeated_paragraphs_are_kept_once(script, tokenizer, tmp_path):
     assert "\n".join(r["text"] for r in records).count("a tutorial sentence") == 1
     manifest = json.loads((tmp_path / "corpus.manifest.json").read_text())
     assert manifest["sources"]["python"]["dropped_repeated_paragraphs"] == 1
+
+
+def fake_apt_get(folder: Path, status: int) -> Path:
+    """An apt-get that logs its arguments and exits with ``status`` (100: apt's "are you root?")."""
+    folder.mkdir()
+    log = folder / "calls.log"
+    (folder / "apt-get").write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> "{log}"\n'
+        + (
+            'echo "E: Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), are you root?" >&2\n'
+            if status
+            else ""
+        )
+        + f"exit {status}\n"
+    )
+    (folder / "apt-get").chmod(0o755)
+    return log
+
+
+@pytest.mark.parametrize("uid", [0, 1000], ids=["root", "user"])
+def test_an_install_apt_cannot_do_says_what_to_do_instead(script, tmp_path, monkeypatch, capsys, uid):
+    """Issue 51: `make generic-corpus` without apt rights ended in apt's "are you root?" and make's
+    "Error 100". As a user apt-get is not tried; as root its failure is followed by the advice."""
+    root = make_tree(tmp_path / "root")
+    for path in sorted((root / "usr/share/perl").rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    log = fake_apt_get(tmp_path / "bin", 100)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setattr(script.os, "geteuid", lambda: uid)
+    assert script.main(["--root", str(root), "--install", "--sources", "python,perl"]) == 2
+    err = capsys.readouterr().err
+    assert "need the Debian packages perl-doc" in err
+    assert "ask an administrator to install them: apt-get install -y --no-install-recommends perl-doc" in err
+    assert "make generic-corpus GENERIC_SOURCES=python" in err  # the installed one
+    assert "pretrain.generic_corpus to {source: jsonl, path: FILE}" in err
+    if uid:
+        assert "apt-get needs root" in err and not log.exists()
+    else:
+        assert "apt-get failed (exit 100)" in err
+        assert log.read_text().splitlines() == [
+            "install -y --no-install-recommends perl-doc",
+            "update -qq",
+        ]
+
+
+def test_an_install_with_nothing_missing_or_apt_succeeding_goes_on(script, tmp_path, monkeypatch):
+    root = make_tree(tmp_path / "root")
+    log = fake_apt_get(tmp_path / "bin", 0)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setattr(script.os, "geteuid", lambda: 0)
+    assert script.main(["--root", str(root), "--install", "--sources", "python,perl"]) == 0
+    assert not log.exists()  # nothing missing: apt is not called
+    assert script.main(["--root", str(root), "--install", "--sources", "python,java"]) == 0
+    assert log.read_text().splitlines() == ["install -y --no-install-recommends openjdk-17-doc"]
+
+
+def test_make_generic_corpus_installs_through_the_script_before_building():
+    out = subprocess.run(
+        ["make", "-C", str(ROOT), "-n", "generic-corpus"], capture_output=True, text=True, timeout=60
+    )
+    planned = [line for line in out.stdout.splitlines() if "scripts/generic_corpus.py" in line]
+    assert len(planned) == 2 and "--install" in planned[0] and "--out" in planned[1], out.stdout
+    assert "apt-get" not in out.stdout  # apt is called by the script, which says what to do on failure

@@ -72,8 +72,12 @@ def planned_commands(name: str, tmp_path: Path) -> tuple[str, list[str]]:
     for spec in config["collections"].values():
         spec["path"] = folder
     generic = config.get("pretrain", {}).get("generic_corpus", {})
-    if generic.get("source") == "jsonl":  # the Debian corpus (make generic-corpus): a tiny stand-in
-        (tmp_path / "generic.jsonl").write_text('{"text": "A generic document of a few words."}\n')
+    if generic.get("source") == "jsonl":  # the Debian corpus (make generic-corpus): a small stand-in
+        # with a sequence a line at least for the MLM base's held-out sequences and a batch (a
+        # one-line corpus is refused when the DAG is built)
+        mlm = {"heldout_sequences": 256, "batch_size": 64, **config.get("model", {}).get("mlm", {})}
+        line = '{"text": "A generic document of a few more words than a sequence needs."}\n'
+        (tmp_path / "generic.jsonl").write_text(line * (mlm["heldout_sequences"] + mlm["batch_size"]))
         generic["path"] = str(tmp_path / "generic.jsonl")
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     out = run_snakemake(

@@ -155,6 +155,28 @@ def test_too_few_sequences_left_for_a_batch_names_the_keys(tmp_path, capsys):
     assert not (tmp_path / "model").exists()
 
 
+def test_a_corpus_of_one_sequence_names_its_file_and_no_setting_to_lower(tmp_path, capsys):
+    """Issue 51: the message named no file and advised lowering model.mlm.heldout_sequences, whose
+    minimum (1) plus a batch of 1 already needs two sequences."""
+    corpus = tmp_path / "one.jsonl"
+    corpus.write_text('{"text": "a single short document of the generic corpus"}\n')
+    argv = ["--out", str(tmp_path / "model"), "--checkpoint-dir", str(tmp_path / "ckpt"), "--corpus", "jsonl"]
+    argv += [
+        "--corpus-path",
+        str(corpus),
+        "--max-length",
+        "32",
+        "--batch-size",
+        "1",
+        "--heldout-sequences",
+        "1",
+    ]
+    assert pretrain_mlm.main([*argv, "--threads", "1"]) == 1
+    err = capsys.readouterr().err
+    assert f"the jsonl file {corpus} (pretrain.generic_corpus), gives 1 sequences" in err
+    assert "lower model.mlm" not in err and "make generic-corpus" in err
+
+
 # ---- the workflow ---------------------------------------------------------------------------
 
 MLM = "results/pretrain/mlm/model"

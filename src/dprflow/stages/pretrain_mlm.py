@@ -35,6 +35,7 @@ from dprflow.files import publish, scratch_dir, staging_path, update_json
 from dprflow.models.init import load_tokenizer
 from dprflow.pretraining.condenser.data import mlm_batch
 from dprflow.pretraining.documents import CorpusArgs, open_or_tokenize
+from dprflow.pretraining.mlm import MIN_SEQUENCE_TOKENS
 from dprflow.pretraining.mlm.model import MaskedLanguageModel, MLMConfig, masked_token_score
 from dprflow.stage_args import TrainArgs
 from dprflow.training.memory import (
@@ -96,8 +97,11 @@ class Args(TrainArgs, CorpusArgs):
             raise ValueError(f"--hidden-size {self.hidden_size} is not a multiple of --heads {self.heads}")
         if not 0 < self.mlm_probability < 1:
             raise ValueError(f"--mlm-probability must be in (0, 1), got {self.mlm_probability}")
-        if self.max_length < 8:
-            raise ValueError(f"--max-length must be at least 8, got {self.max_length}")
+        if self.max_length < MIN_SEQUENCE_TOKENS + 2:
+            raise ValueError(
+                f"--max-length must be at least {MIN_SEQUENCE_TOKENS + 2} ([CLS], [SEP] and a chunk of "
+                f"at least {MIN_SEQUENCE_TOKENS} tokens), got {self.max_length}"
+            )
         if self.heldout_sequences < 1:
             raise ValueError(f"--heldout-sequences must be at least 1, got {self.heldout_sequences}")
 
@@ -134,16 +138,31 @@ def model_config(args: Args, tokenizer) -> MLMConfig:
     )
 
 
+def corpus_name(args: Args) -> str:
+    """The generic corpus in words: its file, or pydoc's origin."""
+    if args.corpus_path:
+        return f"{args.corpus} file {args.corpus_path}"
+    return f"{args.corpus} corpus (the installed Python's documentation)"
+
+
 def split_heldout(chunks: Ranges, args: Args, corpus: str) -> tuple[Ranges, Ranges]:
     """The training chunks and the last ``heldout_sequences`` chunks (never trained on)."""
     n_train = len(chunks) - args.heldout_sequences
     if n_train < args.batch_size:
+        # Lowering the two settings helps only where there are sequences for both (each is >= 1).
+        lower = (
+            "lower model.mlm.heldout_sequences or model.mlm.batch_size (their sum at most "
+            f"{len(chunks)}), or model.mlm.max_length (more, shorter sequences), or "
+            if len(chunks) >= 2
+            else ""
+        )
         raise StageError(
-            f"the {corpus} corpus gives {len(chunks)} sequences of at most {args.max_length} tokens; "
-            f"with {args.heldout_sequences} held out (model.mlm.heldout_sequences) {max(n_train, 0)} are "
-            f"left to train on, fewer than one batch of {args.batch_size} (model.mlm.batch_size): lower "
-            "model.mlm.heldout_sequences, model.mlm.batch_size or model.mlm.max_length, or use a larger "
-            "corpus (pretrain.generic_corpus)"
+            f"the generic corpus, the {corpus} (pretrain.generic_corpus), gives {len(chunks)} sequences "
+            f"of at most {args.max_length} tokens; with {args.heldout_sequences} held out "
+            f"(model.mlm.heldout_sequences) {max(n_train, 0)} are left to train on, fewer than one batch "
+            f"of {args.batch_size} (model.mlm.batch_size): {lower}use a larger corpus (make "
+            "generic-corpus writes data/generic/debian-docs.jsonl: pretrain.generic_corpus {source: "
+            "jsonl, path: data/generic/debian-docs.jsonl})"
         )
     train = Ranges(chunks.store, chunks.starts[:n_train], chunks.stops[:n_train])
     heldout = Ranges(chunks.store, chunks.starts[n_train:], chunks.stops[n_train:])
@@ -175,8 +194,8 @@ def _pretrain(args: Args, scratch: str) -> dict[str, Any] | None:
     )
     store = open_or_tokenize(args.tokens, "texts", tokenizer, scratch, args.corpus_path, args.corpus)
     # MLM chunks of max_length - 2 tokens, cut from the store per batch (as pretrain_generic's)
-    starts, stops, _ = chunk_ranges(store, args.max_length - 2, min_length=8)
-    train, heldout = split_heldout(Ranges(store, starts, stops), args, args.corpus)
+    starts, stops, _ = chunk_ranges(store, args.max_length - 2, min_length=MIN_SEQUENCE_TOKENS)
+    train, heldout = split_heldout(Ranges(store, starts, stops), args, corpus_name(args))
     log.info(
         "generic corpus %s: %d sequences of at most %d tokens, %d to train on, the last %d held out",
         args.corpus,

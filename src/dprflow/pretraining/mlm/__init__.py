@@ -10,3 +10,17 @@ papers start from BERT, a language model that never saw a retrieval objective). 
 :mod:`dprflow.pretraining.masking`; the batches are :func:`dprflow.pretraining.condenser.data.mlm_batch`'s
 ``[CLS] chunk [SEP]`` rows of the generic corpus.
 """
+
+# A sequence is a chunk of at least this many tokens: a document's shorter tail is dropped.
+MIN_SEQUENCE_TOKENS = 8
+
+
+def sequences_of(tokens: int, max_length: int) -> int:
+    """How many sequences the MLM base cuts from a document of ``tokens`` tokens: consecutive
+    chunks of ``max_length - 2`` tokens (``[CLS]`` and ``[SEP]`` make ``max_length``), each kept
+    when it holds at least :data:`MIN_SEQUENCE_TOKENS` (the count of
+    :func:`dprflow.data.token_store.chunk_ranges`, without a token store). It never falls as
+    ``tokens`` grows, so a bound on the tokens bounds the sequences."""
+    length = max_length - 2
+    full = tokens // length if length >= MIN_SEQUENCE_TOKENS else 0
+    return full + (tokens % length >= MIN_SEQUENCE_TOKENS)
