@@ -37,6 +37,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from dprflow import yamlfile
 from dprflow.errors import StageError
 from dprflow.models.init import MLM_INIT, model_settings
 from dprflow.pretraining.contriever import longest_view
@@ -726,7 +727,7 @@ def validate_config(config: dict, schema_path: str | Path, check_paths: bool = T
 
     ``check_paths=False`` leaves out the checks that need the files a setting names (collection
     folders, corpora, local models): for checking a config written for another machine."""
-    schema = yaml.safe_load(Path(schema_path).read_text())
+    schema = yamlfile.load(schema_path)
     _fill_defaults(config, schema)
     validator = Validator(schema)
     problems = [

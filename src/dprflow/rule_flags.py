@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
+from dprflow import yamlfile
 
 # Settings that decide how a job runs, not what it writes: resources of the rules, never params,
 # and left out of the config the report records, so that changing one reruns no job (how batches
@@ -54,7 +54,7 @@ def section_flags(section: Mapping[str, Any], keys: Iterable[str]) -> str:
 def schema_keys(schema_path: str | Path, section: str) -> tuple[str, ...]:
     """The keys of a top-level section of the config's schema, in the schema's order (read once
     per process: every training job's flags ask)."""
-    schema = yaml.safe_load(Path(schema_path).read_text())
+    schema = yamlfile.load(schema_path)
     return tuple(schema["properties"][section]["properties"])
 
 

@@ -36,9 +36,9 @@ def model_settings(schema: dict | None = None) -> tuple[str, ...]:
     config check resolves each; a job that loads a model does not know which setting named it, so
     its error lists them all. Declared once, in the schema: a key added there is checked here."""
     if schema is None:
-        import yaml
+        from dprflow import yamlfile
 
-        schema = yaml.safe_load(SCHEMA_PATH.read_text())
+        schema = yamlfile.load(SCHEMA_PATH)
     return tuple(_marked(schema, ""))
 
 
