@@ -641,3 +641,20 @@ def test_in_set_is_pandas_isin_for_every_kind_of_column():
         np.testing.assert_array_equal(in_set(values, ids), expected)
     assert not in_set(column, id_set([])).any()
     assert in_set([], ids).shape == (0,)
+
+
+def test_id_index_of_distinct_pieces_finds_each_id_once():
+    """RunParents' index of a run's passages: the distinct ids of pieces read one at a time,
+    each found at its rank in sorted order, any other id (or a longer one) not found."""
+    import pyarrow as pa
+
+    from dprflow.data.ids import IdIndex
+
+    pieces = [pa.array(["d3#0", "d1#0", "d3#0"]), pa.array([], pa.string()), pa.array(["d10#2", "é#0"])]
+    index = IdIndex.of_distinct(iter(pieces))
+    assert len(index) == 4
+    expected = sorted({"d3#0", "d1#0", "d10#2", "é#0"}, key=str.encode)
+    np.testing.assert_array_equal(index.rows(pa.array(expected)), np.arange(4))
+    np.testing.assert_array_equal(index.rows(pa.array(["d2#0", "d10#20", "d1#0"])), [-1, -1, 0])
+    np.testing.assert_array_equal(index.column_rows(pd.Series(["d3#0", "d3#0", "x"])), [2, 2, -1])
+    assert len(IdIndex.of_distinct(iter([]))) == 0

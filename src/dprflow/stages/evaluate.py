@@ -53,10 +53,11 @@ RUN_BATCH_ROWS = 1 << 18
 
 def evaluate(args: Args) -> None:
     # Streamed by whole queries: one piece of the run in memory, its passages' documents held as
-    # Arrow strings, the queries and qrels of the split only (memory: bench/RESULTS.md "Scale").
+    # Arrow strings, the queries and qrels of the split only (bench/RESULTS.md, "The local stages").
     ids = split_query_ids(args.queries, args.split)
     qrels = split_qrels(args.qrels, ids)
-    if judged_qrels(qrels, ids).empty:
+    scored = set(judged_qrels(qrels, ids)["query_id"])
+    if not scored:
         raise StageError(f"{args.qrels}: no query of split {args.split!r} has a relevant judgment")
     parents = RunParents(args.run, args.passages)
     log.info("%s names %d distinct passages", args.run, len(parents))
@@ -64,7 +65,6 @@ def evaluate(args: Args) -> None:
         trec = (
             stack.enter_context(sorted_trec_run(args.doc_run, "doc_id", args.tag)) if args.doc_run else None
         )
-        scored = set(judged_qrels(qrels, ids)["query_id"])
 
         def doc_runs():
             for piece in iter_query_groups(args.run, "run", batch_rows=RUN_BATCH_ROWS):
