@@ -9,13 +9,17 @@ each; mining depth 200, search depth 1000; one passage per document unless
 it). The runs keep the queries table's order (query_id not sorted: q0, q1, ... q10), as
 search_dense writes them, one row group per 4,096 queries. Seconds and peak RSS per stage and size,
 and a line through the two largest sizes to MS MARCO (8.8M passages), go to
-``results/bench/local_stages-<label>.json``.
+``results/bench/local_stages/<label>.json``; the projections also as figures
+(``local_<stage>_msmarco_mb``).
 
-    python bench/bench_local_stages.py --passages 40000,160000,640000
+    python bench/bench_local_stages.py --passages 40000,160000,640000,1280000
+    python bench/bench_local_stages.py --passages 8841823 --train-run-queries 72809
 
-Outputs go to ``<work>/<passages>/<label>/``: run it with ``PYTHONPATH`` at another checkout's
-``src`` and another ``--label`` to compare two versions' peaks and files (``cmp``) on the same
-inputs.
+The second is MS MARCO's own size with the training run cut to the first 72,809 queries (the
+judgments stay whole). Inputs and outputs go to ``<work>/<passages>-<passages a doc>[-<train run
+queries>]/<label>/``: run it with ``PYTHONPATH`` at another checkout's ``src`` and another
+``--label`` to compare two versions' peaks and files (``cmp``) on the same inputs
+(bench/RESULTS.md, "The local stages").
 """
 
 from __future__ import annotations
@@ -236,7 +240,8 @@ def main() -> None:
             records.append(record)
     projections = [project(records, s) for s in stages]
     payload = {"label": args.label, "machine": machine(), "records": records, "projections": projections}
-    out = bench_dir() / f"local_stages-{args.label}.json"
+    # In a folder of its own: bench/summarize.py reads every results/bench/*.json as one figure.
+    out = bench_dir() / "local_stages" / f"{args.label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=2) + "\n")
     for p in projections:
