@@ -199,6 +199,137 @@ def test_evaluate_stage_reads_the_run_passages_only(tmp_path):
     )
 
 
+def test_query_groups_refuse_a_query_whose_rows_are_apart(tmp_path):
+    """A stage computing per query from the pieces (MaxP and metrics, negatives re-ranked from 1)
+    would give such a query twice, each half on its own: the reader names it instead."""
+    run = a_run(n_queries=4, depth=3)
+    apart = pd.concat([run, run[run["query_id"] == "q1"].assign(passage_id="d19#0", rank=np.int32(9))])
+    write_table(apart.reset_index(drop=True), tmp_path / "run.parquet", "run")
+    with pytest.raises(SchemaError, match="rows of query 'q1' are not together"):
+        list(iter_query_groups(tmp_path / "run.parquet", "run", batch_rows=4))
+
+
+def maxp_fixture(tmp_path):
+    """Two passages per document, queries in the run in neither query_id nor any sorted order
+    (q10 before q2, as search_dense writes the queries table's order), a tie, a test query the
+    run does not answer, a query of another split and one without a relevant document."""
+    docs = [f"d{i}" for i in range(12)]
+    passages = pd.DataFrame(
+        {
+            "passage_id": [f"{d}#{i}" for d in docs for i in (0, 1)],
+            "doc_id": [d for d in docs for _ in (0, 1)],
+            "position": np.int32([i for _ in docs for i in (0, 1)]),
+            "title": "",
+            "text": "x",
+            "n_tokens": np.int32(1),
+        }
+    )
+    order = ["q7", "q10", "q2", "q1", "q30", "q4"]
+    queries = pd.DataFrame(
+        {
+            "query_id": [*order, "q5"],
+            "text": "x",
+            "split": ["test", "test", "test", "train", "test", "test", "test"],
+        }
+    )
+    qrels = pd.DataFrame(
+        {
+            "query_id": ["q7", "q10", "q10", "q2", "q1", "q30", "q4", "q5"],
+            "doc_id": ["d3", "d0", "d5", "d1", "d1", "d2", "d9", "d4"],
+            "relevance": np.int32([1, 2, 1, 1, 1, 0, 1, 1]),
+        }
+    )
+    rng = np.random.default_rng(5)
+    rows = []
+    for q in order:
+        picks = rng.choice(len(passages), 9, replace=False)
+        scores = np.round(rng.normal(size=9), 1).astype(np.float32)
+        scores[4] = scores[6]
+        for rank, i in enumerate(np.argsort(-scores, kind="stable"), 1):
+            rows.append((q, passages["passage_id"][picks[i]], scores[i], rank))
+    run = pd.DataFrame(rows, columns=["query_id", "passage_id", "score", "rank"]).astype({"rank": np.int32})
+    for name, table in (("passages", passages), ("queries", queries), ("qrels", qrels), ("run", run)):
+        write_table(table, tmp_path / f"{name}.parquet", name)
+    return run, passages, queries, qrels
+
+
+def test_evaluate_streams_the_run_and_gives_the_whole_run_path_s_files(tmp_path, monkeypatch):
+    """The stage reads the run piece by piece (never whole: the run of MS MARCO's dev queries at
+    depth 1,000 is 7M rows) and writes the metrics and the TREC document run that the whole-table
+    path (MaxP, ir_measures, rank_doc_run, write_trec_run) writes, byte for byte."""
+    import dprflow.data.schemas as schemas
+    from dprflow.evaluation.metrics import evaluate_run, passage_run_to_doc_run, rank_doc_run
+    from dprflow.search.runs import write_trec_run
+
+    run, passages, queries, qrels = maxp_fixture(tmp_path)
+    run_path = str(tmp_path / "run.parquet")
+    real_read_table, real_iter_table, pieces = schemas.read_table, schemas.iter_table, []
+
+    def read_table_but_the_run(path, name, columns=None):
+        assert str(path) != run_path, "the run was read whole"
+        return real_read_table(path, name, columns)
+
+    def recording_iter_table(path, name, columns=None, batch_rows=1 << 16):
+        for piece in real_iter_table(path, name, columns, batch_rows):
+            if str(path) == run_path:
+                pieces.append(len(piece))
+            yield piece
+
+    monkeypatch.setattr(schemas, "read_table", read_table_but_the_run)
+    monkeypatch.setattr(evaluate, "read_table", read_table_but_the_run)
+    monkeypatch.setattr(schemas, "iter_table", recording_iter_table)
+    monkeypatch.setattr(evaluate, "RUN_BATCH_ROWS", 4, raising=False)
+    argv = [f"--{n}={tmp_path / n}.parquet" for n in ("run", "passages", "queries", "qrels")]
+    argv += ["--split", "test", "--out", str(tmp_path / "m.parquet"), "--doc-run", str(tmp_path / "d.trec")]
+    metrics = ["RR@10", "nDCG@10", "R@5"]
+    assert evaluate.main([*argv, "--metrics", *metrics]) == 0
+    assert len(pieces) >= len(run) // 4 and max(pieces) <= 4
+
+    ids = queries.loc[queries["split"] == "test", "query_id"].tolist()
+    doc_run = passage_run_to_doc_run(run, passages)
+    expected = evaluate_run(doc_run, qrels, ids, metrics)
+    write_table(expected, tmp_path / "expected.parquet", "metrics")
+    assert (tmp_path / "m.parquet").read_bytes() == (tmp_path / "expected.parquet").read_bytes()
+    scored = ["q7", "q10", "q2", "q4", "q5"]  # q5: judged, not in the run, scored 0; q30: no relevant
+    assert sorted(set(expected["query_id"])) == sorted(scored)
+    assert (expected.loc[expected["query_id"] == "q5", "value"] == 0).all()
+    ranked = rank_doc_run(doc_run[doc_run["query_id"].isin(scored)])
+    write_trec_run(ranked, tmp_path / "expected.trec", "doc_id", "dprflow-maxp")
+    text = (tmp_path / "d.trec").read_text()
+    assert text == (tmp_path / "expected.trec").read_text()
+    assert [line.split()[0] for line in text.splitlines()][:: len(text.splitlines()) - 1] == ["q10", "q7"]
+    assert len(text.splitlines()) < len(run[run["query_id"].isin(scored)])  # MaxP merged passages
+
+
+def test_evaluate_names_a_run_passage_missing_from_the_passages(tmp_path, capsys):
+    run, *_ = maxp_fixture(tmp_path)
+    run.loc[5, "passage_id"] = "d99#0"
+    write_table(run, tmp_path / "run.parquet", "run")
+    argv = [f"--{n}={tmp_path / n}.parquet" for n in ("run", "passages", "queries", "qrels")]
+    argv += ["--split", "test", "--out", str(tmp_path / "m.parquet"), "--doc-run", str(tmp_path / "d.trec")]
+    assert evaluate.main(argv) == 1
+    assert "run names passage 'd99#0', which is not in the passages table" in capsys.readouterr().err
+    assert not (tmp_path / "m.parquet").exists() and not (tmp_path / "d.trec").exists()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no scratch file left
+
+
+def test_sorted_trec_run_writes_queries_in_order_and_nothing_on_error(tmp_path):
+    from dprflow.search.runs import sorted_trec_run, write_trec_run
+
+    run = a_run(n_queries=12, depth=3)
+    write_trec_run(run.sort_values("query_id", kind="stable"), tmp_path / "whole.trec", "passage_id", "t")
+    groups = [g for _, g in run.groupby("query_id", sort=False)][::-1]
+    with sorted_trec_run(tmp_path / "pieces.trec", "passage_id", "t") as trec:
+        for lo in range(0, len(groups), 5):
+            trec.write(pd.concat(groups[lo : lo + 5]))
+    assert (tmp_path / "pieces.trec").read_text() == (tmp_path / "whole.trec").read_text()
+    with pytest.raises(ValueError, match="query 'q3' come in two pieces"):
+        with sorted_trec_run(tmp_path / "bad.trec", "passage_id", "t") as trec:
+            trec.write(groups[8])
+            trec.write(groups[8])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pieces.trec", "whole.trec"]
+
+
 def beir_folder(tmp_path, corpus_lines: list[str] | None = None, test_qrels: str = "q2\td4\t1\n"):
     """A tiny BEIR folder: 7 documents (an integer id, a null title, an empty one), 3 queries."""
     import json
@@ -510,3 +641,20 @@ def test_in_set_is_pandas_isin_for_every_kind_of_column():
         np.testing.assert_array_equal(in_set(values, ids), expected)
     assert not in_set(column, id_set([])).any()
     assert in_set([], ids).shape == (0,)
+
+
+def test_id_index_of_distinct_pieces_finds_each_id_once():
+    """RunParents' index of a run's passages: the distinct ids of pieces read one at a time,
+    each found at its rank in sorted order, any other id (or a longer one) not found."""
+    import pyarrow as pa
+
+    from dprflow.data.ids import IdIndex
+
+    pieces = [pa.array(["d3#0", "d1#0", "d3#0"]), pa.array([], pa.string()), pa.array(["d10#2", "é#0"])]
+    index = IdIndex.of_distinct(iter(pieces))
+    assert len(index) == 4
+    expected = sorted({"d3#0", "d1#0", "d10#2", "é#0"}, key=str.encode)
+    np.testing.assert_array_equal(index.rows(pa.array(expected)), np.arange(4))
+    np.testing.assert_array_equal(index.rows(pa.array(["d2#0", "d10#20", "d1#0"])), [-1, -1, 0])
+    np.testing.assert_array_equal(index.column_rows(pd.Series(["d3#0", "d3#0", "x"])), [2, 2, -1])
+    assert len(IdIndex.of_distinct(iter([]))) == 0

@@ -9,6 +9,8 @@ id is in a set.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,8 +24,21 @@ class IdIndex:
     def __init__(self, ids, block: int = 1 << 16) -> None:
         self.width = max(1, int(pc.max(pc.binary_length(ids)).as_py() or 0)) if len(ids) else 1
         keys = self._bytes(ids, block)
-        self.order = np.argsort(keys, kind="stable")
+        self.order: np.ndarray | None = np.argsort(keys, kind="stable")
         self.sorted = keys[self.order]
+
+    @classmethod
+    def of_distinct(cls, pieces: Iterable[pa.Array]) -> IdIndex:
+        """An index of the distinct ids of ``pieces`` (Arrow string arrays: a column read batch
+        by batch), an id's row being its rank in sorted order. Each piece is deduplicated as
+        fixed-width bytes as it comes, then all of them by one sort: about 3 times the ids' bytes
+        at the peak, where Arrow's hash-based ``unique`` of 8.8M ids took about 800 MB."""
+        keys = [np.unique(np.array(p.cast(pa.binary()).to_pylist(), dtype=bytes)) for p in pieces]
+        index = cls.__new__(cls)
+        index.sorted = np.unique(np.concatenate(keys)) if keys else np.zeros(0, dtype="S1")
+        index.width = max(1, index.sorted.dtype.itemsize)
+        index.order = None  # the row is the position in ``sorted``
+        return index
 
     def _bytes(self, ids, block: int = 1 << 16) -> np.ndarray:
         out = np.empty(len(ids), dtype=f"S{self.width}")
@@ -38,7 +53,7 @@ class IdIndex:
         fits = pc.less_equal(pc.binary_length(ids), self.width).to_numpy(zero_copy_only=False)
         keys = self._bytes(ids)  # ids longer than the longest indexed one are cut, and not found
         at = np.minimum(np.searchsorted(self.sorted, keys), len(self.sorted) - 1)
-        return np.where(fits & (self.sorted[at] == keys), self.order[at], -1)
+        return np.where(fits & (self.sorted[at] == keys), at if self.order is None else self.order[at], -1)
 
     def __len__(self) -> int:
         return len(self.sorted)

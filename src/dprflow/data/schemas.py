@@ -180,12 +180,20 @@ def iter_table(
     path: str | os.PathLike, name: str, columns: list[str] | None = None, batch_rows: int = 1 << 16
 ) -> Iterator[pd.DataFrame]:
     """Read a checked table in pieces of about ``batch_rows`` rows (a stage that streams)."""
+    for batch in iter_batches(path, name, columns, batch_rows):
+        yield batch.to_pandas()
+
+
+def iter_batches(
+    path: str | os.PathLike, name: str, columns: list[str] | None = None, batch_rows: int = 1 << 16
+) -> Iterator[pa.RecordBatch]:
+    """:func:`iter_table` as Arrow record batches: ids stay Arrow strings, never a Python object
+    per id (for a pass that only collects or looks up ids)."""
     path = Path(path)
     names = _checked_columns(path, name, columns)
     # No pre-buffering: with it (pyarrow's default) the reader holds about the whole file while
     # the batches stream (442 MB peak for a 257 MB file, 226 MB without).
-    for batch in pq.ParquetFile(path, pre_buffer=False).iter_batches(batch_size=batch_rows, columns=names):
-        yield batch.to_pandas()
+    yield from pq.ParquetFile(path, pre_buffer=False).iter_batches(batch_size=batch_rows, columns=names)
 
 
 def read_rows(
@@ -217,9 +225,26 @@ def read_rows(
 def iter_query_groups(
     path: str | os.PathLike, name: str, columns: list[str] | None = None, batch_rows: int = 1 << 20
 ) -> Iterator[pd.DataFrame]:
-    """Read a table stored in query_id order (runs, negatives, scores) in pieces that hold every
-    row of each of their queries: a query cut by a batch boundary moves whole to the next piece."""
+    """Read a table stored query by query (runs, negatives, scores: each query's rows together, in
+    any query order) in pieces that hold every row of each of their queries: a query cut by a
+    batch boundary moves whole to the next piece. A query whose rows are apart (found again in a
+    later piece) is a :class:`SchemaError`: a stage computing per query from the pieces would
+    otherwise give it twice, each half on its own."""
     carry: pd.DataFrame | None = None
+    seen: set[str] = set()  # the queries of the pieces given so far (502k ids for MS MARCO: ~40 MB)
+
+    def checked(piece: pd.DataFrame) -> pd.DataFrame:
+        queries = set(piece["query_id"].unique())
+        again = queries & seen
+        if again:
+            raise SchemaError(
+                f"{path}: the rows of query {min(again)!r} are not together (more of them follow "
+                f"other queries' rows); a {name!r} table must keep each query's rows together, as "
+                "the stages write it"
+            )
+        seen.update(queries)
+        return piece.reset_index(drop=True)
+
     for piece in iter_table(path, name, columns, batch_rows):
         if carry is not None and len(carry):
             piece = pd.concat([carry, piece], ignore_index=True)
@@ -227,6 +252,6 @@ def iter_query_groups(
         tail = piece["query_id"].to_numpy() == last
         carry = piece[tail]
         if (~tail).any():
-            yield piece[~tail].reset_index(drop=True)
+            yield checked(piece[~tail])
     if carry is not None and len(carry):
-        yield carry.reset_index(drop=True)
+        yield checked(carry)

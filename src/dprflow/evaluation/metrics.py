@@ -10,6 +10,7 @@ not answer counts as 0 on every metric, so a system cannot gain by skipping hard
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 import ir_measures
 import pandas as pd
@@ -24,6 +25,11 @@ def passage_run_to_doc_run(run: pd.DataFrame, passages: pd.DataFrame) -> pd.Data
     if doc_ids.isna().any():
         missing = run.loc[doc_ids.isna(), "passage_id"].iloc[0]
         raise ValueError(f"run names passage {missing!r}, which is not in the passages table")
+    return max_p(run, doc_ids)
+
+
+def max_p(run: pd.DataFrame, doc_ids: pd.Series) -> pd.DataFrame:
+    """MaxP of ``run`` given the document of each of its rows (``doc_ids``, aligned with it)."""
     out = pd.DataFrame({"query_id": run["query_id"], "doc_id": doc_ids, "score": run["score"].astype(float)})
     return out.groupby(["query_id", "doc_id"], as_index=False, sort=False)["score"].max()
 
@@ -63,14 +69,30 @@ def evaluate_run(
     doc_run: pd.DataFrame, qrels: pd.DataFrame, query_ids: list[str], metrics: list[str]
 ) -> pd.DataFrame:
     """Per-query metric values (query_id, metric, value) over the judged queries among ``query_ids``."""
+    return evaluate_pieces([doc_run], qrels, query_ids, metrics)
+
+
+def evaluate_pieces(
+    doc_runs: Iterable[pd.DataFrame], qrels: pd.DataFrame, query_ids: list[str], metrics: list[str]
+) -> pd.DataFrame:
+    """:func:`evaluate_run` of a document run given in pieces of whole queries (each query's rows
+    in one piece), one piece in memory at a time: a query's values depend on its rows alone, so
+    the table is the whole run's, row for row (queries sorted, metrics in the order given)."""
     measures = parse_metrics(metrics)
     qrels = judged_qrels(qrels, query_ids)
     judged = sorted(set(qrels["query_id"]))
-    run = doc_run[doc_run["query_id"].isin(judged)]
+    wanted = set(judged)
     values = {(qid, str(m)): 0.0 for qid in judged for m in measures}
-    for metric in ir_measures.iter_calc(measures, qrels, run):
-        values[(metric.query_id, str(metric.measure))] = float(metric.value)
-    unanswered = len(set(judged) - set(run["query_id"]))
+    answered: set[str] = set()
+    for doc_run in doc_runs:
+        run = doc_run[doc_run["query_id"].isin(wanted)]
+        if run.empty:
+            continue
+        these = set(run["query_id"])
+        for metric in ir_measures.iter_calc(measures, qrels[qrels["query_id"].isin(these)], run):
+            values[(metric.query_id, str(metric.measure))] = float(metric.value)
+        answered |= these
+    unanswered = len(wanted - answered)
     if unanswered:
         log.info("%d of %d judged queries have no results in the run: scored 0", unanswered, len(judged))
     rows = [(qid, m, v) for (qid, m), v in values.items()]

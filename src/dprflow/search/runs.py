@@ -9,14 +9,17 @@ reading the file ranks (and breaks ties) as the Parquet run does.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from contextlib import ExitStack
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 
-from dprflow.data.ids import id_set, in_set
-from dprflow.data.schemas import TableWriter, iter_table, read_table
+from dprflow.data.ids import IdIndex, id_set, in_set
+from dprflow.data.schemas import TableWriter, iter_batches, iter_table, read_table
 from dprflow.files import atomic_path
 
 log = logging.getLogger(__name__)
@@ -52,17 +55,71 @@ def write_run_pieces(
     return counts
 
 
-def write_trec_lines(fh, run: pd.DataFrame, id_column: str, tag: str) -> None:
+def trec_lines(run: pd.DataFrame, id_column: str, tag: str) -> list[str]:
     """TREC run lines of ``run`` (``query_id``, ``id_column``, ``score``, ``rank``); scores at 9
     significant digits, so a float32 score reads back exactly and ties stay ties."""
-    for qid, pid, score, rank in run[["query_id", id_column, "score", "rank"]].itertuples(index=False):
-        fh.write(f"{qid} Q0 {pid} {rank} {float(score):.9g} {tag}\n")
+    return [
+        f"{qid} Q0 {pid} {rank} {float(score):.9g} {tag}\n"
+        for qid, pid, score, rank in run[["query_id", id_column, "score", "rank"]].itertuples(index=False)
+    ]
+
+
+def write_trec_lines(fh, run: pd.DataFrame, id_column: str, tag: str) -> None:
+    """Write :func:`trec_lines` of ``run`` to ``fh``."""
+    fh.writelines(trec_lines(run, id_column, tag))
 
 
 def write_trec_run(run: pd.DataFrame, path: str | Path, id_column: str, tag: str) -> None:
     """A TREC run file of ``run`` (``query_id``, ``id_column``, ``score``, ``rank``)."""
     with atomic_path(path) as tmp, open(tmp, "w") as fh:
         write_trec_lines(fh, run, id_column, tag)
+
+
+class SortedTrecRun:
+    """A TREC run file written from pieces of whole queries that come in any query order, with
+    the queries in ``query_id`` order in the file, as :func:`write_trec_run` of the concatenated
+    pieces sorted by query_id gives it, without holding the run: each piece's lines go to a
+    scratch file as they come, memory keeps where each query's lines are, and :meth:`copy_sorted`
+    copies the queries in order at the end. Open one with :func:`sorted_trec_run`."""
+
+    def __init__(self, scratch, id_column: str, tag: str):
+        self.scratch, self.id_column, self.tag = scratch, id_column, tag
+        self.where: dict[str, tuple[int, int]] = {}  # query_id -> (offset, bytes) in the scratch file
+
+    def write(self, run: pd.DataFrame) -> None:
+        """Add ``run``'s queries: rows in rank order within each query, each query's rows together.
+        A query given in two pieces is a ``ValueError``."""
+        lines = trec_lines(run, self.id_column, self.tag)
+        qids = run["query_id"].to_numpy()
+        bounds = np.flatnonzero(qids[1:] != qids[:-1]) + 1
+        for start, stop in zip([0, *bounds], [*bounds, len(qids)], strict=True):
+            if not stop > start:
+                continue
+            qid = qids[start]
+            if qid in self.where:
+                raise ValueError(f"the TREC lines of query {qid!r} come in two pieces")
+            data = "".join(lines[start:stop]).encode()
+            self.where[qid] = (self.scratch.tell(), len(data))
+            self.scratch.write(data)
+
+    def copy_sorted(self, out) -> None:
+        """Write every query's lines to the binary file ``out``, queries in query_id order."""
+        for qid in sorted(self.where):
+            offset, size = self.where[qid]
+            self.scratch.seek(offset)
+            out.write(self.scratch.read(size))
+
+
+@contextmanager
+def sorted_trec_run(path: str | Path, id_column: str, tag: str) -> Iterator[SortedTrecRun]:
+    """A :class:`SortedTrecRun` to write pieces to; the file appears at ``path`` when the block
+    ends without an error (atomically), its scratch file beside it removed either way."""
+    path = Path(path)
+    with atomic_path(path) as tmp, tempfile.TemporaryFile(dir=path.parent) as scratch:
+        run = SortedTrecRun(scratch, id_column, tag)
+        yield run
+        with open(tmp, "wb") as out:
+            run.copy_sorted(out)
 
 
 def write_trec_qrels(qrels: pd.DataFrame, path: str | Path) -> None:
@@ -90,6 +147,53 @@ def run_passages(
         for piece in iter_table(passages_path, "passages", columns, batch_rows=1 << 18)
     ]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
+
+
+class RunParents:
+    """The document of each passage a run names, for MaxP over a run read in pieces: one pass over
+    the run's passage ids and one over the passages table's (passage_id, doc_id), kept as Arrow
+    strings and an :class:`~dprflow.data.ids.IdIndex` (:meth:`~dprflow.data.ids.IdIndex.of_distinct`),
+    never a Python object per passage: about 30 bytes a distinct passage of the run, where
+    :func:`run_passages` as pandas holds about 250."""
+
+    def __init__(self, run_path: str | Path, passages_path: str | Path, batch_rows: int = 1 << 18):
+        self.passages_path = passages_path
+        self.index = IdIndex.of_distinct(
+            batch.column(0) for batch in iter_batches(run_path, "run", ["passage_id"], batch_rows)
+        )
+        rows, docs = [], []
+        for batch in iter_batches(passages_path, "passages", ["passage_id", "doc_id"], batch_rows):
+            at = self.index.rows(batch.column(0))
+            keep = at >= 0
+            rows.append(at[keep])
+            docs.append(batch.column(1).filter(pa.array(keep)))
+        rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        if len(np.unique(rows)) < len(rows):
+            counts = np.bincount(rows, minlength=len(self.index))
+            twice = self.index.sorted[int(np.flatnonzero(counts > 1)[0])].decode()
+            raise ValueError(f"{passages_path}: passage {twice!r} is on more than one row")
+        self.found = np.zeros(len(self.index), dtype=bool)
+        self.found[rows] = True
+        order = np.empty(len(self.index), dtype=np.int64)
+        order[rows] = np.arange(len(rows))
+        docs = pa.chunked_array(docs, pa.string()).combine_chunks() if docs else pa.array([], pa.string())
+        self.doc_ids = docs.take(pa.array(np.where(self.found, order, 0))) if len(docs) else docs
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def of(self, passage_ids: pd.Series) -> pd.Series:
+        """The document of each of ``passage_ids`` (a run's column; all of them in the run this
+        was built from), as a pandas column beside it."""
+        at = self.index.column_rows(passage_ids)
+        missing = at < 0
+        missing[~missing] = ~self.found[at[~missing]]
+        if missing.any():
+            raise ValueError(
+                f"run names passage {passage_ids.iat[int(np.flatnonzero(missing)[0])]!r}, which is "
+                f"not in the passages table {self.passages_path}"
+            )
+        return pd.Series(self.doc_ids.take(pa.array(at)).to_pandas(), index=passage_ids.index)
 
 
 def read_positive_passages(qrels_path: str | Path, passages_path: str | Path) -> pd.DataFrame:

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import logging
 import sys
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
+import pandas as pd
+
 from dprflow.cli import run_stage
-from dprflow.data.schemas import read_table, write_table
+from dprflow.data.ids import id_set, in_set
+from dprflow.data.schemas import iter_query_groups, iter_table, read_table, write_table
 from dprflow.errors import StageError
-from dprflow.evaluation.metrics import (
-    evaluate_run,
-    judged_qrels,
-    passage_run_to_doc_run,
-    rank_doc_run,
-)
-from dprflow.search.runs import run_passages, write_trec_run
+from dprflow.evaluation.metrics import evaluate_pieces, judged_qrels, max_p, rank_doc_run
+from dprflow.search.runs import RunParents, sorted_trec_run
 
 log = logging.getLogger("dprflow.evaluate")
 
@@ -48,25 +47,33 @@ class Args:
     )
 
 
+# Rows of the run a piece: about 260 queries at MS MARCO's depth of 1,000.
+RUN_BATCH_ROWS = 1 << 18
+
+
 def evaluate(args: Args) -> None:
-    queries = read_table(args.queries, "queries")
-    ids = queries.loc[queries["split"] == args.split, "query_id"].tolist()
-    if not ids:
-        raise StageError(
-            f"{args.queries}: no query of split {args.split!r}; splits: {sorted(set(queries['split']))}"
-        )
-    run = read_table(args.run, "run")
-    # Of the passages only the ids of those the run names: memory follows the run, not the corpus.
-    doc_run = passage_run_to_doc_run(run, run_passages(args.passages, run["passage_id"]))
-    qrels = read_table(args.qrels, "qrels")
-    if args.doc_run:
-        scored = set(judged_qrels(qrels, ids)["query_id"])
-        write_trec_run(
-            rank_doc_run(doc_run[doc_run["query_id"].isin(scored)]), args.doc_run, "doc_id", args.tag
-        )
-    per_query = evaluate_run(doc_run, qrels, ids, args.metrics)
-    if per_query.empty:
+    # Streamed by whole queries: one piece of the run in memory, its passages' documents held as
+    # Arrow strings, the queries and qrels of the split only (bench/RESULTS.md, "The local stages").
+    ids = split_query_ids(args.queries, args.split)
+    qrels = split_qrels(args.qrels, ids)
+    scored = set(judged_qrels(qrels, ids)["query_id"])
+    if not scored:
         raise StageError(f"{args.qrels}: no query of split {args.split!r} has a relevant judgment")
+    parents = RunParents(args.run, args.passages)
+    log.info("%s names %d distinct passages", args.run, len(parents))
+    with ExitStack() as stack:
+        trec = (
+            stack.enter_context(sorted_trec_run(args.doc_run, "doc_id", args.tag)) if args.doc_run else None
+        )
+
+        def doc_runs():
+            for piece in iter_query_groups(args.run, "run", batch_rows=RUN_BATCH_ROWS):
+                doc_run = max_p(piece, parents.of(piece["passage_id"]))
+                if trec is not None:
+                    trec.write(rank_doc_run(doc_run[doc_run["query_id"].isin(scored)]))
+                yield doc_run
+
+        per_query = evaluate_pieces(doc_runs(), qrels, ids, args.metrics)
     write_table(per_query, args.out, "metrics")
     means = per_query.groupby("metric", sort=False)["value"].mean()
     log.info(
@@ -75,6 +82,27 @@ def evaluate(args: Args) -> None:
         per_query["query_id"].nunique(),
         ", ".join(f"{m} {v:.4f}" for m, v in means.items()),
     )
+
+
+def split_query_ids(path: str, split: str) -> list[str]:
+    """The ids of the queries of ``split``, in the table's order, read without their text."""
+    ids, splits = [], set()
+    for piece in iter_table(path, "queries", ["query_id", "split"], batch_rows=1 << 18):
+        ids += piece.loc[piece["split"] == split, "query_id"].tolist()
+        splits.update(piece["split"].unique())
+    if not ids:
+        raise StageError(f"{path}: no query of split {split!r}; splits: {sorted(splits)}")
+    return ids
+
+
+def split_qrels(path: str, query_ids: list[str]) -> pd.DataFrame:
+    """The judgments of ``query_ids``, in the table's order, read piece by piece (the other
+    splits' judgments, MS MARCO's 532k training ones, are never held)."""
+    wanted = id_set(query_ids)
+    parts = [
+        piece[in_set(piece["query_id"], wanted)] for piece in iter_table(path, "qrels", batch_rows=1 << 18)
+    ]
+    return pd.concat(parts, ignore_index=True) if parts else read_table(path, "qrels")
 
 
 def main(argv: list[str] | None = None) -> int:
