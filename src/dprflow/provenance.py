@@ -153,13 +153,17 @@ def artifact_entry(path: str | os.PathLike) -> dict[str, Any] | None:
     return entry
 
 
-def _stored(file: Path, key: str | None) -> dict[str, Any] | None:
+def _json(file: Path) -> dict[str, Any]:
+    """The mapping in ``file``; empty when it is absent, unreadable or half-written."""
     try:
-        entry = json.loads(file.read_text()) if file.is_file() else None
-    except (OSError, ValueError):  # unreadable or half-written: as if absent
-        return None
-    if isinstance(entry, dict) and key is not None:
-        entry = entry.get(key)
+        data = json.loads(file.read_text()) if file.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _hashed(entry: Any) -> dict[str, Any] | None:
+    """``entry`` when it is a stored hash (a mapping with its ``sha256``), else None."""
     return entry if isinstance(entry, dict) and entry.get("sha256") else None
 
 
@@ -187,10 +191,11 @@ def cached_sha256(path: str | os.PathLike) -> tuple[str, bool]:
         now = stat_of(path)
         if memo[0] == now:
             return memo[1], True
-    produced = _stored(record_path(path), "artifact")
+    record = _json(record_path(path))  # read once: its artifact entry and its place
+    produced = _hashed(record.get("artifact"))
     if produced is not None:
-        _refuse_if_misplaced(path)
-    for stored in (produced, _stored(hash_cache_path(path), None)):
+        _refuse_if_misplaced(path, record)
+    for stored in (produced, _hashed(_json(hash_cache_path(path)))):
         if stored is None:
             continue
         now = now or stat_of(path)
@@ -243,13 +248,12 @@ def refuse_changed(paths: list[str | os.PathLike]) -> None:
         raise ChangedArtifactError("\n".join(problems))
 
 
-def _refuse_if_misplaced(path: Path) -> None:
+def _refuse_if_misplaced(path: Path, record: dict[str, Any]) -> None:
     """Raise :class:`ChangedArtifactError` when the record beside ``path`` was written for another
     output: a model folder or a run copied together with its record (``cp -r r2/model r1/model``)
     holds bytes that a stage wrote elsewhere, and the row at this place would report that row's
     figures. A record from before records named their place is checked against its output
     arguments."""
-    record = read(path) or {}
     where = record.get("artifact", {}).get("path")
     if where is not None:
         places = [where]
