@@ -48,9 +48,11 @@ include: "rules/pretrain.smk"
 include: "rules/functions/doc2query.smk"
 include: "rules/doc2query.smk"
 include: "rules/functions/retriever.smk"
+include: "rules/functions/selection.smk"
 include: "rules/retriever.smk"
 include: "rules/functions/reranker.smk"
 include: "rules/reranker.smk"
+include: "rules/selection.smk"
 include: "rules/functions/evaluation.smk"
 include: "rules/evaluation.smk"
 include: "rules/functions/report.smk"
@@ -69,6 +71,9 @@ if workflow.is_main_process:
 localrules:
     all,
     evaluate,
+    evaluate_heldout,
+    select_settings,
+    fuse,
     trec_qrels,
     compare,
     export_model,

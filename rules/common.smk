@@ -15,6 +15,7 @@ import re
 import shlex
 from pathlib import Path
 
+from dprflow.finetuning.selection import grid_points, point_name
 from dprflow.models.init import MLM_INIT
 from dprflow.provenance import local_sha256
 from dprflow.rule_flags import (
@@ -60,6 +61,8 @@ NAME = "[A-Za-z0-9_-]+"
 # training collection's folder (transfer evaluation, collections.<name>.evaluate_on / evaluate_only).
 TRANSFER = re.compile(f"^(?P<row>.+)/on-(?P<target>{NAME})$")
 TRANSFER_SUFFIX = f"(/on-{NAME})?"
+# A dense row fused with BM25 (finetune.fusion): <row>+bm25.
+FUSED_SUFFIX = "+bm25"
 
 
 wildcard_constraints:
@@ -68,7 +71,7 @@ wildcard_constraints:
     target=NAME,
     # bm25, <method>/zeroshot, or <method>/seed-<seed>/<stage> (a fine-tuned row of one seed), the
     # last two with /on-<collection> when scored on another collection (transfer)
-    system=f"bm25|{NAME}/(zeroshot|seed-[0-9]+/({'|'.join(STAGES)})){TRANSFER_SUFFIX}",
+    system=f"bm25|{NAME}/(zeroshot|seed-[0-9]+/({'|'.join(STAGES)}))({re.escape(FUSED_SUFFIX)})?{TRANSFER_SUFFIX}",
 
 
 def result_path(*parts):
@@ -235,9 +238,29 @@ def trained_rows():
     return rows
 
 
+def fused_rows():
+    """The dense rows fused with BM25 (finetune.fusion.rows), <row>+bm25: the model off the shelf
+    (and a method's own zeroshot row) and each method's fine-tuned rows named there."""
+    chosen = config["finetune"]["fusion"]["rows"]
+    rows = []
+    if "zeroshot" in chosen:
+        rows += [
+            f"{m}/zeroshot"
+            for m in ["none", *(m for m in config["methods"] if m in ZEROSHOT_METHODS)]
+        ]
+    for method in config["methods"]:
+        for seed in finetune_seeds():
+            rows += [
+                f"{method}/seed-{seed}/{stage}"
+                for stage in method_stages(method)
+                if stage in chosen
+            ]
+    return [f"{row}{FUSED_SUFFIX}" for row in rows]
+
+
 def systems():
     """Every row of a training collection, scored on it."""
-    return untrained_rows() + trained_rows()
+    return untrained_rows() + trained_rows() + fused_rows()
 
 
 def scored_rows():
@@ -260,7 +283,11 @@ def scored_rows():
 def is_dense(system):
     """A row searched with a bi-encoder (it has an encoder.json): not BM25, not a reranked run."""
     row = split_transfer(system)[0]
-    return row != "bm25" and os.path.basename(row) != "rerank"
+    return (
+        row != "bm25"
+        and os.path.basename(row) != "rerank"
+        and not row.endswith(FUSED_SUFFIX)
+    )
 
 
 def comparison_rows():
@@ -280,7 +307,14 @@ FT = config["finetune"]
 
 # an encoder whose corpus is encoded and searched: zeroshot, or seed-<seed>/<trained>
 TRAINED_RETRIEVER = "seed-[0-9]+/(r1|r2|distill)"
-NATIVE_RETRIEVER = f"zeroshot|{TRAINED_RETRIEVER}"
+# a point of finetune.select's grid: retriever 1 trained on the fit part of the training queries
+# (dprflow.finetuning.selection.point_name)
+POINT = "[A-Za-z0-9_.=,-]+"
+SELECT_RETRIEVER = f"seed-[0-9]+/select/{POINT}"
+NATIVE_RETRIEVER = f"zeroshot|{TRAINED_RETRIEVER}|{SELECT_RETRIEVER}"
+# searched for the held-out training queries (the selection): a grid point, or the model off the
+# shelf (its fusion weight)
+HELDOUT_RETRIEVER = f"zeroshot|{SELECT_RETRIEVER}"
 # searched for its evaluation queries only (no training run to mine): zeroshot, or a transfer
 EVAL_ONLY_RETRIEVER = f"zeroshot|({NATIVE_RETRIEVER})/on-{NAME}"
 
@@ -288,7 +322,7 @@ EVAL_ONLY_RETRIEVER = f"zeroshot|({NATIVE_RETRIEVER})/on-{NAME}"
 wildcard_constraints:
     # ... with /on-<collection> when it encodes another collection's corpus (transfer)
     retriever=f"({NATIVE_RETRIEVER}){TRANSFER_SUFFIX}",
-    trained="r1|r2|distill",
+    trained=f"r1|r2|distill|select/{POINT}",
     seed="[0-9]+",
     shard="[0-9]+",
 

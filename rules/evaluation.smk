@@ -37,6 +37,7 @@ rule compare:
         code=stage_code("compare"),
         metrics=metrics_files(),
         encoders=encoder_files(),
+        selections=selection_files(),
     output:
         md=f"{RESULTS}/compare.md",
         csv=f"{RESULTS}/compare.csv",
@@ -65,7 +66,7 @@ rule compare:
         untrained=untrained_rows(),
     shell:
         "python -m dprflow.stages.compare --metrics-files {input.metrics:q} --results-dir {params.results:q}"
-        " --encoder-files {input.encoders:q} --out-md {output.md:q} --out-csv {output.csv:q}"
+        " --encoder-files {input.encoders:q} --selection-files {input.selections:q} --out-md {output.md:q} --out-csv {output.csv:q}"
         " --metrics {params.metrics:q}"
         " --methods {params.methods:q} --baseline {params.baseline:q}"
         " --also-against {params.also_against:q}"

@@ -10,7 +10,8 @@ rule train_retriever:
     input:
         unpack(retriever_inputs),
         code=stage_code("train_retriever"),
-        queries=rules.ingest.output.queries,
+        queries=training_queries,
+        selection=selection_file,
         qrels=rules.ingest.output.qrels,
         passages=rules.split_passages.output.passages,
     output:
@@ -35,7 +36,7 @@ rule train_retriever:
         fingerprint=init_fingerprint,
         launch=training_launcher,
         init=method_init,
-        split=train_split,
+        split=training_split,
         flags=retriever_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{trained}}/checkpoints",
     shell:

@@ -143,7 +143,7 @@ def retriever_inputs(wildcards):
         out["encoder"] = pretrained_encoder(wildcards)[0]
     elif model_init_input(wildcards):
         out["encoder"] = model_init_input(wildcards)[0]
-    if wildcards.trained == "r1":
+    if wildcards.trained == "r1" or is_point(wildcards):
         out["negatives"] = f"{base}/bm25/negatives.parquet"
     elif wildcards.trained == "r2":
         out["negatives"] = f"{method}/r1/negatives.parquet"
@@ -158,8 +158,10 @@ def retriever_inputs(wildcards):
 def retriever_flags(wildcards):
     """Hyper-parameters of one trained retriever (distillation has its own section)."""
     inputs = retriever_inputs(wildcards)
+    # a grid point is retriever 1 trained on the fit part with the point's settings
+    role = "r1" if is_point(wildcards) else wildcards.trained
     common = (
-        f"--method {q(wildcards.method)} --role {q(wildcards.trained)}"
+        f"--method {q(wildcards.method)} --role {q(role)}"
         + geometry_flags(*finetune_geometry(wildcards.method))
         + f" --shared {q(str(FT['shared_encoder']).lower())} --seed {q(wildcards.seed)}"
         f" --max-query-length {q(FT['max_query_length'])} --max-passage-length {q(FT['max_passage_length'])}"
@@ -171,8 +173,11 @@ def retriever_flags(wildcards):
             f" --student-over {q(d['student_over'])}"
         )
     else:
-        d = FT["retriever"]
-        flags = ""
+        d = {
+            **FT["retriever"],
+            **(point_settings(wildcards) if is_point(wildcards) else {}),
+        }
+        flags = selection_flag(wildcards)
     temperature = d[
         "temperature"
     ]  # null: the similarity's default (1 dot, 0.05 cosine) ...
@@ -225,7 +230,11 @@ def search_runtime(wildcards):
 
 
 def retriever_section(wildcards):
-    return FT["distill"] if wildcards.trained == "distill" else FT["retriever"]
+    if wildcards.trained == "distill":
+        return FT["distill"]
+    if is_point(wildcards):
+        return {**FT["retriever"], **point_settings(wildcards)}
+    return FT["retriever"]
 
 
 def train_retriever_mem_mb(wildcards):

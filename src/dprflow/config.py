@@ -257,11 +257,12 @@ def _check_metrics(config: dict) -> list[str]:
     except ImportError:  # checked by the evaluate stage then
         return []
     problems = []
-    for i, name in enumerate(metrics):
+    named = [(f"evaluation.metrics[{i}]", name) for i, name in enumerate(metrics)]
+    for key, name in [*named, ("finetune.select.metric", config["finetune"]["select"]["metric"])]:
         try:
             ir_measures.parse_measure(name)
         except (NameError, ValueError, TypeError, SyntaxError) as exc:
-            problems.append(f"evaluation.metrics[{i}] = {name!r} is not an ir_measures metric ({exc})")
+            problems.append(f"{key} = {name!r} is not an ir_measures metric ({exc})")
     return problems
 
 

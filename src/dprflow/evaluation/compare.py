@@ -45,9 +45,13 @@ def system_sort_key(system: str, methods: list[str]) -> tuple:
     if system in ("bm25", "none/zeroshot"):  # the reference rows first
         return (0, 0, 0, system)
     method, _, stage = system.partition("/")
+    stage, fused = (
+        stage.removesuffix("+bm25"),
+        stage.endswith("+bm25"),
+    )  # a row fused with BM25 follows its row
     m = methods.index(method) if method in methods else len(methods)
     s = STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER)
-    return (1, m, s, system)
+    return (1, m, s, fused, system)
 
 
 def holm(pvalues: list[float]) -> list[float]:
@@ -270,6 +274,8 @@ def encoder_label(table: pd.DataFrame, system: str) -> str:
         return " / ".join(f"{p}, {s}" for p, s in pairs.itertuples(index=False))
     if system == "bm25":
         return "BM25"
+    if system.endswith("+bm25"):
+        return "fused with BM25"
     return "cross-encoder" if system.endswith("/rerank") else "–"
 
 

@@ -74,6 +74,12 @@ class Args:
         default_factory=lambda: ["bm25", "none/zeroshot"],
         metadata={"help": "rows that train nothing on a collection (BM25, the off-the-shelf models)"},
     )
+    selection_files: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "selection.json files (stage select_settings): the held-out choices shown below the table"
+        },
+    )
     paper_references: list[str] = field(
         default_factory=list,
         metadata={
@@ -139,6 +145,35 @@ def parse_pairs(pairs: list[str], flag: str) -> dict[str, str]:
     return out
 
 
+def selections_markdown(paths: list[str], results: Path) -> str:
+    """What was chosen on held-out training queries (docs/selection.md): every grid point's and
+    every fusion weight's value, the winners and their margins."""
+    if not paths:
+        return ""
+    lines = ["", "## Chosen on held-out training queries", ""]
+    for path in paths:
+        selection = json.loads(Path(path).read_text())
+        where = Path(path).parent.relative_to(results).as_posix()
+        metric = selection["metric"]
+        points = selection["retriever"]["points"]
+        if len(points) > 1:
+            margin = selection["retriever"]["margin"]
+            lines.append(
+                f"- `{where}`: retriever settings, held-out {metric}: "
+                + ", ".join(f"`{p['point']}` {p['value']:.4f}" for p in points)
+                + f"; chosen `{selection['retriever']['best']}` (by {margin:.4f} over the next)"
+            )
+        fusion = selection.get("fusion")
+        if fusion:
+            tried = ", ".join(f"{w['weight']:g}: {w['value']:.4f}" for w in fusion["weights"])
+            lines.append(
+                f"- `{where}`: fusion with BM25 ({fusion['method']}), held-out {metric} by dense weight: {tried};"
+                f" chosen {fusion['weight']:g} ({fusion['value']:.4f}; dense alone {fusion['alone']['dense']:.4f},"
+                f" BM25 alone {fusion['alone']['bm25']:.4f})"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def compare(args: Args) -> None:
     results = Path(args.results_dir)
     per_query = {
@@ -179,6 +214,7 @@ def compare(args: Args) -> None:
                 args.significance,
                 args.permutations,
             )
+            + selections_markdown(args.selection_files, results)
         )
     log.info(
         "compared %d systems on %d collections", table["system"].nunique(), table["collection"].nunique()

@@ -1,0 +1,179 @@
+# Settings chosen on held-out training queries, and dense rows fused with BM25 (finetune.select,
+# finetune.fusion; docs/selection.md). The grid points train with rule train_retriever and encode
+# with encode_corpus (retriever seed-<seed>/select/<point>); the rules here split the training
+# queries, search and score the held-out part, choose, and fuse.
+
+
+rule heldout_queries:
+    input:
+        code=stage_code("heldout_queries"),
+        queries=rules.ingest.output.queries,
+        qrels=rules.ingest.output.qrels,
+    output:
+        queries=HELDOUT_QUERIES,
+    log:
+        f"{LOGS}/{{collection}}/heldout_queries.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/heldout_queries.tsv"
+    conda:
+        "../envs/evaluation.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=15,
+    params:
+        split=train_split,
+        fraction=SELECT["fraction"],
+        max_queries=SELECT["max_queries"],
+        seed=SELECT["seed"],
+    shell:
+        "python -m dprflow.stages.heldout_queries --queries {input.queries:q} --qrels {input.qrels:q}"
+        " --split {params.split:q} --out {output.queries:q} --fraction {params.fraction:q}"
+        " --max-queries {params.max_queries:q} --seed {params.seed:q} > {log:q} 2>&1"
+
+
+rule bm25_heldout:
+    input:
+        code=stage_code("bm25_search"),
+        index=rules.bm25_index.output.index,
+        queries=HELDOUT_QUERIES,
+    output:
+        run=f"{RESULTS}/{{collection}}/bm25/heldout/run.parquet",
+        trec=f"{RESULTS}/{{collection}}/bm25/heldout/run.trec",
+    log:
+        f"{LOGS}/{{collection}}/bm25_heldout.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/bm25_heldout.tsv"
+    conda:
+        "../envs/bm25.yaml"
+    threads: 2
+    resources:
+        mem_mb=bm25_mem_mb,
+        runtime=bm25_runtime,
+        java_heap_mb=bm25_heap_mb,
+    params:
+        k=config["bm25"]["hits"],
+        k1=config["bm25"]["k1"],
+        b=config["bm25"]["b"],
+    shell:
+        "python -m dprflow.stages.bm25_search --index {input.index:q} --queries {input.queries:q}"
+        " --split heldout --out {output.run:q} --trec {output.trec:q} --k {params.k:q}"
+        " --k1 {params.k1:q} --b {params.b:q} --threads {threads} --heap-mb {resources.java_heap_mb:q} > {log:q} 2>&1"
+
+
+rule search_heldout:
+    input:
+        code=stage_code("search_dense"),
+        embeddings=embedding_shards,
+        queries=HELDOUT_QUERIES,
+        model=encoder_inputs,
+    output:
+        run=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/heldout/run.parquet",
+        trec=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/heldout/run.trec",
+        encoder=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/heldout/encoder.json",
+    log:
+        f"{LOGS}/{{collection}}/{{method}}/{{retriever}}/search_heldout.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{{retriever}}/search_heldout.tsv"
+    wildcard_constraints:
+        retriever=HELDOUT_RETRIEVER,
+    conda:
+        "../envs/training.yaml"
+    threads: 2
+    resources:
+        mem_mb=search_mem_mb,
+        runtime=search_runtime,
+    params:
+        fingerprint=init_fingerprint,
+        flags=search_flags,
+        depth=FT["search_depth"],
+        max_length=FT["max_query_length"],
+        tag=run_tag,
+    shell:
+        "python -m dprflow.stages.search_dense {params.flags} --embeddings {input.embeddings:q}"
+        " --queries {input.queries:q} --out {output.run:q} --trec {output.trec:q}"
+        " --encoder-out {output.encoder:q} --eval-split heldout --depth {params.depth:q}"
+        " --max-length {params.max_length:q} --tag {params.tag:q} --threads {threads:q} > {log:q} 2>&1"
+
+
+rule evaluate_heldout:
+    input:
+        code=stage_code("evaluate"),
+        run=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/heldout/run.parquet",
+        passages=rules.split_passages.output.passages,
+        queries=HELDOUT_QUERIES,
+        qrels=rules.ingest.output.qrels,
+    output:
+        metrics=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/heldout/metrics.parquet",
+    log:
+        f"{LOGS}/{{collection}}/{{method}}/{{retriever}}/evaluate_heldout.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{{retriever}}/evaluate_heldout.tsv"
+    wildcard_constraints:
+        retriever=HELDOUT_RETRIEVER,
+    conda:
+        "../envs/evaluation.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    params:
+        metrics=list(
+            dict.fromkeys([SELECT["metric"], *config["evaluation"]["metrics"]])
+        ),
+    shell:
+        "python -m dprflow.stages.evaluate --run {input.run:q} --passages {input.passages:q}"
+        " --queries {input.queries:q} --qrels {input.qrels:q} --split heldout"
+        " --out {output.metrics:q} --metrics {params.metrics:q} > {log:q} 2>&1"
+
+
+rule select_settings:
+    input:
+        unpack(heldout_chooser_inputs),
+        code=stage_code("select_settings"),
+    output:
+        selection=f"{RESULTS}/{{collection}}/{{method}}/{{chooser}}/selection.json",
+    log:
+        f"{LOGS}/{{collection}}/{{method}}/{{chooser}}/select_settings.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{{chooser}}/select_settings.tsv"
+    wildcard_constraints:
+        chooser="zeroshot|seed-[0-9]+/select",
+    conda:
+        "../envs/evaluation.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    params:
+        flags=chooser_flags,
+    shell:
+        "python -m dprflow.stages.select_settings {params.flags} --metrics {input.metrics:q}"
+        " --runs {input.runs:q} --out {output.selection:q} > {log:q} 2>&1"
+
+
+rule fuse:
+    input:
+        unpack(fused_inputs),
+        code=stage_code("fuse"),
+    output:
+        run=f"{RESULTS}/{{collection}}/{{method}}/{{fused}}+bm25/run.parquet",
+        trec=f"{RESULTS}/{{collection}}/{{method}}/{{fused}}+bm25/run.trec",
+    log:
+        f"{LOGS}/{{collection}}/{{method}}/{{fused}}+bm25/fuse.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{{fused}}+bm25/fuse.tsv"
+    wildcard_constraints:
+        fused=f"zeroshot|{TRAINED_RETRIEVER}",
+    conda:
+        "../envs/evaluation.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    params:
+        flags=fuse_flags,
+        tag=fused_tag,
+    shell:
+        "python -m dprflow.stages.fuse {params.flags} --dense {input.dense:q} --bm25 {input.bm25:q}"
+        " --out {output.run:q} --trec {output.trec:q} --tag {params.tag:q} > {log:q} 2>&1"

@@ -1,0 +1,164 @@
+"""Settings chosen inside the workflow on held-out training queries, and BM25 + dense fusion.
+
+The selection (``finetune.select``, docs/selection.md) never reads a test query:
+
+1. :func:`heldout_ids` splits the judged training queries, in a seeded order, into a *fit* part
+   and a *held-out* part (a share of them, at most a count: Bruch et al. 2023, section 6, find a
+   fusion weight converging with under 5% of the training queries);
+2. every point of a grid over ``finetune.retriever``'s settings (:func:`grid_points`, named by
+   :func:`point_name`) trains retriever 1 on the fit part and is scored on the held-out part;
+3. :func:`best_point` takes the point with the highest mean of the named metric; the rows then
+   train with its settings on every training query (:func:`apply_settings`);
+4. a fused row ``<row>+bm25`` combines a dense run with BM25 (:func:`fuse_runs`), by the convex
+   combination of min-max normalised scores (Bruch et al. 2023, ACM TOIS, eq. 3 with their MM
+   normalisation: ``w * dense + (1 - w) * bm25``) or by reciprocal rank fusion (Cormack et al.
+   2009, k = 60), through pyserini's fusion functions; the weight ``w`` is the grid's best on the
+   held-out queries with the chosen point's run (:func:`best_weight`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dprflow.errors import StageError
+
+# The finetune.retriever settings a grid may vary (the arguments of the retriever's training).
+GRID_KEYS = (
+    "learning_rate",
+    "epochs",
+    "max_steps",
+    "batch_size",
+    "group_size",
+    "warmup_ratio",
+    "weight_decay",
+    "temperature",
+)
+# The point of an empty grid: the settings as configured, trained on the fit part.
+CONFIGURED = "configured"
+FUSION_METHODS = ("convex", "rrf")
+FIT, HELDOUT = "fit", "heldout"
+
+
+def heldout_ids(query_ids: Iterable[str], fraction: float, max_queries: int, seed: int) -> set[str]:
+    """``round(fraction * n)`` of the ``n`` distinct ids (at least 1, at most ``max_queries`` and
+    ``n - 1``), drawn in a seeded order that does not depend on the ids' order."""
+    ids = sorted(set(query_ids))
+    if len(ids) < 2:
+        raise StageError(f"{len(ids)} judged training queries: none can be held out to choose settings on")
+    n_held = min(len(ids) - 1, max_queries, max(1, round(fraction * len(ids))))
+    return set(random.Random(seed).sample(ids, n_held))
+
+
+def format_value(value: Any) -> str:
+    """A setting's value as it appears in a point's name (YAML's spelling of booleans and null)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def point_name(settings: Mapping[str, Any]) -> str:
+    """A grid point's folder name: ``learning_rate=5e-05,epochs=4`` (the grid's key order), or
+    :data:`CONFIGURED` for the settings as configured. Names, not numbers: a point keeps its
+    folder (and its trained model) when the grid around it changes."""
+    if not settings:
+        return CONFIGURED
+    return ",".join(f"{k}={format_value(v)}" for k, v in settings.items())
+
+
+def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the grid's values, the first key varying slowest; ``[{}]`` for an
+    empty grid (one point: the settings as configured)."""
+    unknown = sorted(set(grid) - set(GRID_KEYS))
+    if unknown:
+        raise ValueError(
+            f"finetune.select.retriever: unknown setting {unknown[0]!r}; allowed: {', '.join(GRID_KEYS)}"
+        )
+    for key, values in grid.items():
+        if not values:
+            raise ValueError(f"finetune.select.retriever.{key}: an empty list of values")
+    keys = list(grid)
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def best_point(values: Mapping[Any, float]) -> Any:
+    """The key (a grid point, a fusion weight) with the highest value; a tie goes to the first in
+    the given order (the grid's), and a NaN never wins."""
+    if not values:
+        raise StageError("no grid point was scored")
+    best, best_value = None, -math.inf
+    for name, value in values.items():
+        if value > best_value:  # NaN compares false
+            best, best_value = name, value
+    if best is None:
+        raise StageError(f"every grid point scored NaN: {dict(values)}")
+    return best
+
+
+def apply_settings(args: Any, selection_path: str | Path, section: str = "retriever") -> dict[str, Any]:
+    """Set on ``args`` the settings the selection file chose for ``section``; returns them."""
+    with open(selection_path) as fh:
+        chosen = json.load(fh)[section]["settings"]
+    for key, value in chosen.items():
+        if key not in GRID_KEYS or not hasattr(args, key):
+            raise StageError(f"{selection_path}: {section}.settings.{key} is not a setting of this stage")
+        setattr(args, key, value)
+    return chosen
+
+
+def _trec_run(run: pd.DataFrame):
+    """A run (query_id, passage_id, score, rank) as pyserini's TrecRun."""
+    from pyserini.trectools import TrecRun
+
+    trec = TrecRun()
+    trec.run_data = pd.DataFrame(
+        {
+            "topic": run["query_id"].astype(str).to_numpy(),
+            "q0": "Q0",
+            "docid": run["passage_id"].astype(str).to_numpy(),
+            "rank": run["rank"].to_numpy(),
+            "score": run["score"].astype("float64").to_numpy(),
+            "tag": "dprflow",
+        }
+    )
+    return trec
+
+
+def fuse_runs(
+    dense: pd.DataFrame, bm25: pd.DataFrame, method: str, weight: float, rrf_k: int, depth: int
+) -> pd.DataFrame:
+    """The fused run of the same queries' ``dense`` and ``bm25`` runs (the ``run`` schema, the top
+    ``depth`` of each query): ``convex``, ``weight * minmax(dense) + (1 - weight) * minmax(bm25)``
+    per query, a passage missing from one run taking that run's 0; ``rrf``, the sum of
+    ``1 / (rrf_k + rank)``. Ties are broken by passage id (pyserini's merge)."""
+    from pyserini.fusion import interpolation, reciprocal_rank_fusion
+    from pyserini.trectools import RescoreMethod
+
+    if method not in FUSION_METHODS:
+        raise ValueError(f"unknown fusion method {method!r}; allowed: {', '.join(FUSION_METHODS)}")
+    runs = [_trec_run(dense), _trec_run(bm25)]
+    if method == "rrf":
+        fused = reciprocal_rank_fusion(runs, rrf_k=rrf_k, k=depth)
+    else:
+        normalised = [run.rescore(method=RescoreMethod.NORMALIZE) for run in runs]
+        fused = interpolation(normalised, alpha=weight, k=depth)
+    data = fused.run_data
+    return pd.DataFrame(
+        {
+            "query_id": data["topic"].astype(str).to_numpy(),
+            "passage_id": data["docid"].astype(str).to_numpy(),
+            "score": data["score"].astype("float32").to_numpy(),
+            "rank": data["rank"].astype("int32").to_numpy(),
+        }
+    )

@@ -1,0 +1,319 @@
+"""Settings chosen on held-out training queries and rows fused with BM25 (docs/selection.md):
+the split, the grid, the winner of a known table, a fused run of two known runs, the stages on
+small tables, and what a dry run plans."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+from dry_runs import all_methods_plan, commands_by_rule
+
+from dprflow.data.schemas import read_table, write_table
+from dprflow.errors import StageError
+from dprflow.finetuning.selection import (
+    apply_settings,
+    best_point,
+    fuse_runs,
+    grid_points,
+    heldout_ids,
+    point_name,
+)
+from dprflow.stages import fuse, heldout_queries, select_settings
+
+
+def run_table(rows):
+    """A run from (query, passage, score) rows, ranked by score within each query."""
+    run = pd.DataFrame(rows, columns=["query_id", "passage_id", "score"])
+    run["score"] = run["score"].astype("float32")
+    run["rank"] = run.groupby("query_id").cumcount().astype("int32") + 1
+    return run
+
+
+# ---- the split and the grid ----------------------------------------------------------------------
+
+
+def test_heldout_ids_are_seeded_counted_and_independent_of_order():
+    ids = [f"q{i}" for i in range(100)]
+    held = heldout_ids(ids, 0.2, 2000, seed=13)
+    assert len(held) == 20 and held <= set(ids)
+    assert heldout_ids(reversed(ids), 0.2, 2000, seed=13) == held
+    assert heldout_ids(ids, 0.2, 2000, seed=14) != held
+    assert len(heldout_ids(ids, 0.2, 7, seed=13)) == 7  # max_queries caps it
+    assert len(heldout_ids(["a", "b"], 0.9, 2000, seed=13)) == 1  # never every query
+    assert len(heldout_ids(["a", "b", "c"], 0.01, 2000, seed=13)) == 1  # at least one
+    with pytest.raises(StageError, match="1 judged training queries"):
+        heldout_ids(["a", "a"], 0.2, 2000, seed=13)
+
+
+def test_grid_points_are_every_combination_named_by_their_settings():
+    points = grid_points({"learning_rate": [2e-5, 5e-5], "epochs": [1, 4]})
+    assert points == [
+        {"learning_rate": 2e-5, "epochs": 1},
+        {"learning_rate": 2e-5, "epochs": 4},
+        {"learning_rate": 5e-5, "epochs": 1},
+        {"learning_rate": 5e-5, "epochs": 4},
+    ]
+    assert [point_name(p) for p in points][-1] == "learning_rate=5e-05,epochs=4"
+    assert point_name({"temperature": None, "epochs": 2}) == "temperature=null,epochs=2"
+    assert grid_points({}) == [{}] and point_name({}) == "configured"
+    with pytest.raises(ValueError, match="unknown setting 'dropout'"):
+        grid_points({"dropout": [0.1]})
+
+
+def test_the_best_point_of_a_known_table():
+    assert best_point({"a": 0.61, "b": 0.70, "c": 0.65}) == "b"
+    assert best_point({"a": 0.70, "b": 0.70}) == "a"  # a tie: the grid's first
+    assert best_point({"a": math.nan, "b": 0.1}) == "b"
+    assert best_point({0.3: 0.5, 0.7: 0.6, None: 0.2}) == 0.7
+    with pytest.raises(StageError):
+        best_point({"a": math.nan})
+
+
+def test_apply_settings_sets_the_chosen_values_and_refuses_others(tmp_path):
+    path = tmp_path / "selection.json"
+    path.write_text(json.dumps({"retriever": {"settings": {"learning_rate": 5e-5, "epochs": 4}}}))
+    args = SimpleNamespace(learning_rate=2e-5, epochs=1, batch_size=8)
+    assert apply_settings(args, path) == {"learning_rate": 5e-5, "epochs": 4}
+    assert (args.learning_rate, args.epochs, args.batch_size) == (5e-5, 4, 8)
+    path.write_text(json.dumps({"retriever": {"settings": {"init": "other"}}}))
+    with pytest.raises(StageError, match="settings.init is not a setting"):
+        apply_settings(args, path)
+
+
+# ---- fusion --------------------------------------------------------------------------------------
+
+DENSE = run_table([("q1", "a", 0.9), ("q1", "b", 0.5), ("q1", "c", 0.1), ("q2", "a", 0.3), ("q2", "b", 0.2)])
+BM25 = run_table([("q1", "c", 10.0), ("q1", "b", 2.0), ("q2", "b", 5.0), ("q2", "a", 1.0)])
+
+
+def test_convex_fusion_of_two_known_runs():
+    fused = fuse_runs(DENSE, BM25, "convex", 0.7, 60, 1000)
+    got = {(r.query_id, r.passage_id): (round(float(r.score), 6), int(r.rank)) for r in fused.itertuples()}
+    # q1: dense min-max a 1, b 0.5, c 0; BM25 c 1, b 0, a missing (0)
+    # q2: dense a 1, b 0; BM25 b 1, a 0
+    assert got == {
+        ("q1", "a"): (0.7, 1),
+        ("q1", "b"): (0.35, 2),
+        ("q1", "c"): (0.3, 3),
+        ("q2", "a"): (0.7, 1),
+        ("q2", "b"): (0.3, 2),
+    }
+    assert fuse_runs(DENSE, BM25, "convex", 0.2, 60, 1000).query("query_id == 'q2'")[
+        "passage_id"
+    ].tolist() == ["b", "a"]
+    assert len(fuse_runs(DENSE, BM25, "convex", 0.7, 60, 2)) == 4  # the depth per query
+
+
+def test_rrf_of_two_known_runs():
+    fused = fuse_runs(DENSE, BM25, "rrf", 0.0, 60, 1000).query("query_id == 'q1'")
+    scores = dict(zip(fused["passage_id"], fused["score"].astype(float), strict=True))
+    assert scores["c"] == pytest.approx(1 / 63 + 1 / 61)
+    assert scores["b"] == pytest.approx(1 / 62 + 1 / 62)
+    assert scores["a"] == pytest.approx(1 / 61)
+    assert fused["passage_id"].tolist() == ["c", "b", "a"]
+
+
+def test_fuse_stage_pairs_queries_listed_in_other_orders(tmp_path):
+    write_table(DENSE, tmp_path / "dense.parquet", "run")
+    write_table(BM25.iloc[::-1].reset_index(drop=True), tmp_path / "bm25.parquet", "run")
+    (tmp_path / "selection.json").write_text(json.dumps({"fusion": {"method": "convex", "weight": 0.7}}))
+    args = ["--dense", str(tmp_path / "dense.parquet"), "--bm25", str(tmp_path / "bm25.parquet")]
+    out = ["--out", str(tmp_path / "run.parquet"), "--trec", str(tmp_path / "run.trec")]
+    assert fuse.main([*args, *out, "--selection", str(tmp_path / "selection.json")]) == 0
+    fused = read_table(tmp_path / "run.parquet", "run")
+    expected = fuse_runs(DENSE, BM25, "convex", 0.7, 60, 1000)
+    pd.testing.assert_frame_equal(
+        fused.sort_values(["query_id", "rank"]).reset_index(drop=True), expected, check_exact=False
+    )
+    assert (tmp_path / "run.trec").read_text().count("\n") == len(expected)
+    # the convex combination needs the weight chosen on held-out queries
+    (tmp_path / "selection.json").write_text(json.dumps({"retriever": {}}))
+    assert fuse.main([*args, *out, "--selection", str(tmp_path / "selection.json")]) == 1
+
+
+# ---- the stages on small tables ------------------------------------------------------------------
+
+
+@pytest.fixture
+def collection(tmp_path):
+    """20 training and 5 test queries; passage p<i> of document d<i> is relevant to query t<i>."""
+    queries = pd.DataFrame(
+        {
+            "query_id": [f"t{i}" for i in range(20)] + [f"x{i}" for i in range(5)],
+            "text": ["q"] * 25,
+            "split": ["train"] * 20 + ["test"] * 5,
+        }
+    )
+    qrels = pd.DataFrame(
+        {"query_id": queries["query_id"], "doc_id": [f"d{i}" for i in range(25)], "relevance": 1}
+    )
+    qrels["relevance"] = qrels["relevance"].astype("int32")
+    passages = pd.DataFrame(
+        {
+            "passage_id": [f"p{i}" for i in range(25)],
+            "doc_id": [f"d{i}" for i in range(25)],
+            "position": 0,
+            "title": "",
+            "text": "t",
+            "n_tokens": 1,
+        }
+    ).astype({"position": "int32", "n_tokens": "int32"})
+    for name, table in (("queries", queries), ("qrels", qrels), ("passages", passages)):
+        write_table(table, tmp_path / f"{name}.parquet", name)
+    return tmp_path
+
+
+def test_heldout_queries_hold_no_test_query(collection):
+    out = collection / "heldout.parquet"
+    argv = ["--queries", str(collection / "queries.parquet"), "--qrels", str(collection / "qrels.parquet")]
+    assert heldout_queries.main([*argv, "--split", "train", "--out", str(out), "--fraction", "0.25"]) == 0
+    split = read_table(out, "queries")
+    assert sorted(split["query_id"]) == sorted(f"t{i}" for i in range(20))
+    assert split["split"].value_counts().to_dict() == {"fit": 15, "heldout": 5}
+    assert heldout_queries.main([*argv, "--split", "dev", "--out", str(out)]) == 1
+
+
+def test_select_settings_picks_the_known_winner_and_weight(collection):
+    out = collection / "heldout.parquet"
+    heldout_queries.main(
+        [
+            "--queries",
+            str(collection / "queries.parquet"),
+            "--qrels",
+            str(collection / "qrels.parquet"),
+            "--split",
+            "train",
+            "--out",
+            str(out),
+            "--fraction",
+            "0.25",
+        ]
+    )
+    held = read_table(out, "queries").query("split == 'heldout'")["query_id"].tolist()
+
+    # point A ranks the relevant passage 2nd for every held-out query, point B 1st; BM25 ranks it
+    # 1st for the first two queries only, so fusion at a low dense weight loses
+    def point_run(first):
+        rows = []
+        for q in held:
+            right = f"p{q[1:]}"
+            rows += [(q, right, 0.9), (q, "p24", 0.8)] if first else [(q, "p24", 0.9), (q, right, 0.8)]
+        return run_table(rows)
+
+    bm25 = run_table(
+        [
+            r
+            for i, q in enumerate(held)
+            for r in (
+                [(q, f"p{q[1:]}", 5.0), (q, "p24", 1.0)]
+                if i < 2
+                else [(q, "p24", 9.0), (q, f"p{q[1:]}", 1.0)]
+            )
+        ]
+    )
+    files = []
+    for name, first in (("a", False), ("b", True)):
+        write_table(point_run(first), collection / f"{name}.run.parquet", "run")
+        metrics = pd.DataFrame({"query_id": held, "metric": "nDCG@10", "value": 1.0 if first else 0.63})
+        write_table(metrics, collection / f"{name}.metrics.parquet", "metrics")
+        files.append(name)
+    write_table(bm25, collection / "bm25.parquet", "run")
+    grid = [{"learning_rate": 2e-5}, {"learning_rate": 5e-5}]
+    code = select_settings.main(
+        [
+            "--grid",
+            json.dumps(grid),
+            "--metric",
+            "nDCG@10",
+            "--out",
+            str(collection / "selection.json"),
+            "--metrics",
+            *(str(collection / f"{n}.metrics.parquet") for n in files),
+            "--runs",
+            *(str(collection / f"{n}.run.parquet") for n in files),
+            "--bm25-run",
+            str(collection / "bm25.parquet"),
+            "--queries",
+            str(out),
+            "--qrels",
+            str(collection / "qrels.parquet"),
+            "--passages",
+            str(collection / "passages.parquet"),
+            "--weights",
+            "0.2",
+            "0.8",
+        ]
+    )
+    assert code == 0
+    selection = json.loads((collection / "selection.json").read_text())
+    assert selection["retriever"]["best"] == "learning_rate=5e-05"
+    assert selection["retriever"]["settings"] == {"learning_rate": 5e-5}
+    assert selection["retriever"]["margin"] == pytest.approx(0.37)
+    assert selection["fusion"]["weight"] == 0.8
+    assert selection["fusion"]["alone"]["dense"] == pytest.approx(1.0)
+    assert [w["weight"] for w in selection["fusion"]["weights"]] == [0.2, 0.8]
+    assert selection["fusion"]["weights"][0]["value"] < 1.0 == selection["fusion"]["value"]
+
+
+# ---- what a run plans ----------------------------------------------------------------------------
+
+SELECTION = """
+finetune:
+  stages: [r1, r2]
+  select:
+    retriever: {learning_rate: [2.0e-5, 5.0e-5]}
+  fusion:
+    rows: [zeroshot, r2]
+methods: [none]
+"""
+
+
+def test_a_grid_trains_each_point_on_the_fit_part_and_the_rows_read_the_choice(tmp_path):
+    commands = commands_by_rule(all_methods_plan(tmp_path, SELECTION))
+    train = commands["train_retriever"]
+    points = [c for c in train if "/select/" in c.split("--out ")[1].split()[0]]
+    assert len(points) == 2 and len(train) == 4
+    assert all("heldout_queries.parquet" in c and "--split fit" in c for c in points)
+    assert any("--learning-rate 5e-05" in c for c in points) and any(
+        "--learning-rate 2e-05" in c for c in points
+    )
+    rows = [c for c in train if c not in points]
+    assert all("--selection results/" in c and "select/selection.json" in c for c in rows)
+    assert all("--split train" in c for c in rows)
+    assert len(commands["select_settings"]) == 2  # the grid's, and the model off the shelf's weight
+    fused = commands["fuse"]
+    assert len(fused) == 2 and all("--method convex --rrf-k 60" in c for c in fused)
+    assert any("none/zeroshot/selection.json" in c for c in fused)
+    assert "--split heldout" in commands["bm25_heldout"][0]
+    assert all("--eval-split heldout" in c for c in commands["search_heldout"])
+    compare = commands["compare"][0]
+    assert (
+        "none/seed-13/r2+bm25/metrics.parquet" in compare and "none/zeroshot+bm25/metrics.parquet" in compare
+    )
+
+
+# ---- the config check ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("finetune.select.retriever", {"dropout": [0.1]}, "dropout"),
+        ("finetune.select.retriever", {"learning_rate": []}, "finetune.select.retriever.learning_rate"),
+        ("finetune.select.retriever", {"learning_rate": [0.0]}, "finetune.select.retriever.learning_rate"),
+        ("finetune.select.retriever", {"epochs": [1.5]}, "finetune.select.retriever.epochs"),
+        ("finetune.select.fraction", 1.0, "finetune.select.fraction"),
+        ("finetune.select.metric", "nDCG@ten", "finetune.select.metric = 'nDCG@ten'"),
+        ("finetune.fusion.rows", ["rerank"], "finetune.fusion.rows"),
+        ("finetune.fusion.weights", [1.5], "finetune.fusion.weights"),
+        ("finetune.fusion.method", "sum", "finetune.fusion.method"),
+    ],
+)
+def test_bad_selection_settings_are_refused_naming_the_key(key, value, message):
+    from config_edits import config_problems, set_key
+
+    assert message in config_problems(set_key(key, value))
