@@ -62,7 +62,6 @@ def test_a_malformed_reference_says_what_is_wrong_inside_it():
         ("pretrain.mae.span_min", 65, "pretrain.mae.span_min = 65 is above pretrain.mae.span_max"),
         ("pretrain.contriever.ratio_min", 0.6, "pretrain.contriever.ratio_min"),
         ("finetune.max_passage_length", 600, "finetune.max_passage_length asks for 600 tokens"),
-        ("finetune.reranker.max_length", 513, "finetune.reranker.max_length asks for 513 tokens"),
         ("pretrain.condenser.max_length", 1024, "pretrain.condenser.max_length"),
     ],
 )

@@ -35,6 +35,8 @@ LIGHT: dict[str, set[str]] = {
         "evaluate",
         "export_faiss",  # faiss only when the index is written
         "export_model",
+        "fuse",  # pyserini's fusion (pandas) only when a run is fused
+        "heldout_queries",
         "ingest",
         "mine_negatives",
         "nb_recall",
@@ -42,6 +44,7 @@ LIGHT: dict[str, set[str]] = {
         "pmi_count",
         "pretrain_tokenize",  # torch only for a sentence view (CoT-MAE's sentence tokenizer)
         "report_results",  # matplotlib only when a figure is drawn
+        "select_settings",
         "split_passages",  # transformers only when the tokenizer loads (and then no torch)
         "trec_qrels",
     )
@@ -81,6 +84,7 @@ LIGHT_LIBRARY = (
     "dprflow.evaluation.compare",
     "dprflow.evaluation.report",
     "dprflow.evaluation.plots",
+    "dprflow.finetuning.selection",
     "dprflow.pretraining.documents",
     "dprflow.pretraining.mae.pmi",
 )

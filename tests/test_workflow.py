@@ -24,7 +24,8 @@ def test_the_comparison_has_every_row(finished_run):
     table = pd.read_csv(workdir / "results" / "compare.csv")
     stages = ("r1", "r2", "rerank", "distill")
     expected = {"bm25", "none/zeroshot"} | {f"cocondenser/{s}" for s in stages}
-    assert set(table["system"]) == expected
+    fused = {"none/zeroshot+bm25", "cocondenser/r2+bm25"}  # finetune.fusion.rows
+    assert set(table["system"]) == expected | fused
     assert set(table["metric"]) == {"RR@10", "R@50", "R@100", "nDCG@10"}
     assert table["value"].between(0, 1).all()
     assert (table["n_queries"] > 0).all()
@@ -32,6 +33,21 @@ def test_the_comparison_has_every_row(finished_run):
     assert "| bm25 | BM25 |" in md
     # MiniLM off the shelf as shipped; coCondenser's encoder in the papers' geometry.
     assert "| none/zeroshot | mean, cosine |" in md and "| cocondenser/r1 | cls, dot |" in md
+    assert "| cocondenser/r2+bm25 | fused with BM25 |" in md
+    # The grid's choice on held-out training queries: in the table's notes, and r1 trained with it.
+    seed = workdir / "results" / "tiny" / "cocondenser" / "seed-13"
+    selection = json.loads((seed / "select" / "selection.json").read_text())
+    points = {p["point"]: p["value"] for p in selection["retriever"]["points"]}
+    assert set(points) == {"learning_rate=2e-05", "learning_rate=0.001"}
+    assert selection["retriever"]["best"] == max(points, key=points.get)
+    assert 0.1 <= selection["fusion"]["weight"] <= 0.9
+    assert f"chosen `{selection['retriever']['best']}`" in md
+    log = (
+        workdir / "results" / "logs" / "tiny" / "cocondenser" / "seed-13" / "train_retriever_r1.log"
+    ).read_text()
+    assert f"settings chosen on held-out queries ({seed.relative_to(workdir)}/select/selection.json)" in log
+    args = json.loads(log.split("train_retriever arguments: ", 1)[1].splitlines()[0])
+    assert args["split"] == "train" and args["selection"]
     nb = pd.read_parquet(workdir / "results" / "tiny" / "cocondenser" / "seed-13" / "nb_recall.parquet")
     assert nb["k"].tolist() == [10, 50, 100] and nb["value"].is_monotonic_increasing
     # Trained models load as plain Hugging Face checkpoints.
@@ -73,14 +89,18 @@ def test_a_second_seed_reruns_the_fine_tuning_pipeline_only(finished_run, tmp_pa
     result = snakemake(workdir, changed_path, "-n", "-p")
     jobs = planned_jobs(result)
     assert jobs == {
-        "train_retriever": 3,
+        "train_retriever": 3 + 2,  # r1, r2, distill, and seed 14's own two grid points
         "mine_negatives": 2,
         "train_reranker": 1,
         "rerank": 1,
         "score_candidates": 1,
-        "encode_corpus": 3,  # one shard each
+        "encode_corpus": 3 + 2,  # one shard each
         "search_dense": 3,
-        "evaluate": 4,
+        "search_heldout": 2,
+        "evaluate_heldout": 2,
+        "select_settings": 1,
+        "fuse": 1,  # r2+bm25 of seed 14 (none/zeroshot+bm25 is shared)
+        "evaluate": 4 + 1,
         "nb_recall": 1,
         "compare": 1,
         "export_model": 8,  # the comparison changes: every row's card, both seeds
@@ -123,11 +143,12 @@ def test_changing_bm25_k1_reruns_only_what_depends_on_it(finished_run, tmp_path)
     assert jobs["bm25_search"] == 1 and jobs["bm25_negatives"] == 1
     # pre-training does not read BM25: untouched
     assert "pretrain_generic" not in jobs and "pretrain_corpus" not in jobs
-    # r1, r2, distill and the reranker
-    assert jobs["train_retriever"] == 3 and jobs["train_reranker"] == 1
-    # every evaluated row but the off-the-shelf model's
-    assert jobs["evaluate"] == 5
-    assert jobs["encode_corpus"] == 3  # r1, r2, distill; one shard each; zeroshot untouched
+    # r1, r2, distill, the two grid points (on BM25 negatives) and the reranker
+    assert jobs["train_retriever"] == 3 + 2 and jobs["train_reranker"] == 1
+    # every evaluated row but the off-the-shelf model's (both fused rows read BM25's run)
+    assert jobs["evaluate"] == 5 + 2
+    # r1, r2, distill and the two grid points; one shard each; zeroshot untouched
+    assert jobs["encode_corpus"] == 3 + 2
 
 
 def test_unknown_config_key_stops_the_dag_and_names_it(tmp_path):

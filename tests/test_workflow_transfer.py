@@ -47,7 +47,7 @@ def test_transfer_and_references_dag(tmp_path):
     assert {
         k: jobs.get(k) for k in ("train_retriever", "bm25_negatives", "pretrain_corpus", "train_reranker")
     } == {
-        "train_retriever": 3,
+        "train_retriever": 3 + 2,  # r1, r2, distill and the two grid points, all on the training collection
         "bm25_negatives": 1,
         "pretrain_corpus": 1,
         "train_reranker": 1,
