@@ -317,3 +317,15 @@ def test_bad_selection_settings_are_refused_naming_the_key(key, value, message):
     from config_edits import config_problems, set_key
 
     assert message in config_problems(set_key(key, value))
+
+
+def test_a_fused_row_without_a_grid_trains_one_point_for_its_weight(tmp_path):
+    """An empty grid chooses nothing: r1 trains as configured (no --selection), and the fused
+    r1+bm25 row's weight comes from the configured settings trained on the fit part."""
+    plan = all_methods_plan(tmp_path, "finetune: {stages: [r1], fusion: {rows: [r1]}}\nmethods: [none]\n")
+    train = commands_by_rule(plan)["train_retriever"]
+    (point,) = [c for c in train if "/select/configured/model" in c]
+    (row,) = [c for c in train if "/seed-13/r1/model" in c]
+    assert "--split fit" in point and "--selection" not in row and "--selection" not in point
+    (fused,) = commands_by_rule(plan)["fuse"]
+    assert "--selection results/" in fused and "seed-13/select/selection.json" in fused
