@@ -15,7 +15,7 @@ import re
 import shlex
 from pathlib import Path
 
-from dprflow.finetuning.selection import grid_points, point_name
+from dprflow.finetuning.selection import FUSED_SUFFIX, grid_points, point_name
 from dprflow.models.init import MLM_INIT
 from dprflow.provenance import local_sha256
 from dprflow.rule_flags import (
@@ -61,8 +61,6 @@ NAME = "[A-Za-z0-9_-]+"
 # training collection's folder (transfer evaluation, collections.<name>.evaluate_on / evaluate_only).
 TRANSFER = re.compile(f"^(?P<row>.+)/on-(?P<target>{NAME})$")
 TRANSFER_SUFFIX = f"(/on-{NAME})?"
-# A dense row fused with BM25 (finetune.fusion): <row>+bm25.
-FUSED_SUFFIX = "+bm25"
 
 
 wildcard_constraints:

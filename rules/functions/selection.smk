@@ -86,12 +86,12 @@ def chooser_flags(wildcards):
     grid = [{}] if wildcards.chooser == "zeroshot" else list(POINTS.values())
     flags = f"--grid {q(json.dumps(grid))} --metric {q(SELECT['metric'])}"
     if FUSION["method"] == "convex":
-        base = result_path(wildcards.collection)
+        c = wildcards.collection
         flags += (
-            f" --bm25-run {q(base + '/bm25/heldout/run.parquet')}"
-            f" --queries {q(HELDOUT_QUERIES.format(collection=wildcards.collection))}"
-            f" --qrels {q(base + '/collection/qrels.parquet')}"
-            f" --passages {q(base + '/passages.parquet')}"
+            f" --bm25-run {q(result_path(c, 'bm25', 'heldout', 'run.parquet'))}"
+            f" --queries {q(HELDOUT_QUERIES.format(collection=c))}"
+            f" --qrels {q(result_path(c, 'collection', 'qrels.parquet'))}"
+            f" --passages {q(result_path(c, 'passages.parquet'))}"
             f" --fusion-method convex --weights {' '.join(q(w) for w in FUSION['weights'])}"
             f" --depth {q(FT['search_depth'])}"
         )

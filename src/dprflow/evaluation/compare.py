@@ -35,6 +35,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from dprflow.finetuning.selection import FUSED_SUFFIX
+
 STAGE_ORDER = ["zeroshot", "r1", "r2", "rerank", "distill"]
 # The long table's leading columns (then training_collection and the significance columns).
 ROW_COLUMNS = ["collection", "system", "metric", "value", "std", "n_seeds", "seeds", "n_queries"]
@@ -46,8 +48,8 @@ def system_sort_key(system: str, methods: list[str]) -> tuple:
         return (0, 0, 0, system)
     method, _, stage = system.partition("/")
     stage, fused = (
-        stage.removesuffix("+bm25"),
-        stage.endswith("+bm25"),
+        stage.removesuffix(FUSED_SUFFIX),
+        stage.endswith(FUSED_SUFFIX),
     )  # a row fused with BM25 follows its row
     m = methods.index(method) if method in methods else len(methods)
     s = STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER)
@@ -274,7 +276,7 @@ def encoder_label(table: pd.DataFrame, system: str) -> str:
         return " / ".join(f"{p}, {s}" for p, s in pairs.itertuples(index=False))
     if system == "bm25":
         return "BM25"
-    if system.endswith("+bm25"):
+    if system.endswith(FUSED_SUFFIX):
         return "fused with BM25"
     return "cross-encoder" if system.endswith("/rerank") else "–"
 
