@@ -41,7 +41,7 @@ def test_the_comparison_has_every_row(finished_run):
     assert set(points) == {"learning_rate=2e-05", "learning_rate=0.001"}
     assert selection["retriever"]["best"] == max(points, key=points.get)
     assert 0.1 <= selection["fusion"]["weight"] <= 0.9
-    assert f"chosen `{selection['retriever']['best']}`" in md
+    assert "| retriever settings | " in md and f"| {selection['retriever']['best']} (by " in md
     log = (
         workdir / "results" / "logs" / "tiny" / "cocondenser" / "seed-13" / "train_retriever_r1.log"
     ).read_text()

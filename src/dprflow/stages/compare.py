@@ -146,31 +146,34 @@ def parse_pairs(pairs: list[str], flag: str) -> dict[str, str]:
 
 
 def selections_markdown(paths: list[str], results: Path) -> str:
-    """What was chosen on held-out training queries (docs/selection.md): every grid point's and
-    every fusion weight's value, the winners and their margins."""
+    """What was chosen on held-out training queries (docs/selection.md), a table row per choice:
+    every grid point's and every fusion weight's held-out value, the winner and its margin."""
     if not paths:
         return ""
-    lines = ["", "## Chosen on held-out training queries", ""]
+    metric = json.loads(Path(paths[0]).read_text())["metric"]
+    lines = [
+        "",
+        "## Chosen on held-out training queries",
+        "",
+        f"Held-out {metric} of each candidate; no test query was read (docs/selection.md).",
+        "",
+        "| where | what | candidates | chosen |",
+        "|---|---|---|---|",
+    ]
     for path in paths:
         selection = json.loads(Path(path).read_text())
         where = Path(path).parent.relative_to(results).as_posix()
-        metric = selection["metric"]
-        points = selection["retriever"]["points"]
-        if len(points) > 1:
-            margin = selection["retriever"]["margin"]
-            lines.append(
-                f"- `{where}`: retriever settings, held-out {metric}: "
-                + ", ".join(f"`{p['point']}` {p['value']:.4f}" for p in points)
-                + f"; chosen `{selection['retriever']['best']}` (by {margin:.4f} over the next)"
-            )
+        retriever = selection["retriever"]
+        if len(retriever["points"]) > 1:
+            tried = ", ".join(f"{p['point']}: {p['value']:.4f}" for p in retriever["points"])
+            chosen = f"{retriever['best']} (by {retriever['margin']:.4f})"
+            lines.append(f"| {where} | retriever settings | {tried} | {chosen} |")
         fusion = selection.get("fusion")
         if fusion:
             tried = ", ".join(f"{w['weight']:g}: {w['value']:.4f}" for w in fusion["weights"])
-            lines.append(
-                f"- `{where}`: fusion with BM25 ({fusion['method']}), held-out {metric} by dense weight: {tried};"
-                f" chosen {fusion['weight']:g} ({fusion['value']:.4f}; dense alone {fusion['alone']['dense']:.4f},"
-                f" BM25 alone {fusion['alone']['bm25']:.4f})"
-            )
+            alone = fusion["alone"]
+            chosen = f"{fusion['weight']:g} ({fusion['value']:.4f}; dense alone {alone['dense']:.4f}, BM25 {alone['bm25']:.4f})"
+            lines.append(f"| {where} | dense weight with BM25 ({fusion['method']}) | {tried} | {chosen} |")
     return "\n".join(lines) + "\n"
 
 
