@@ -54,8 +54,9 @@ def test_transfer_and_references_dag(tmp_path):
     }
     # none/zeroshot and the reference on each collection; r1, r2, distill on the other
     assert jobs["search_eval"] == 2 * 2 + 3 and jobs["search_dense"] == 3 and jobs["rerank_transfer"] == 1
-    # tiny: bm25, 2 off the shelf, 4 trained; other: bm25, 2 off the shelf, 4 transferred
-    assert jobs["evaluate"] == 7 + 7 and jobs["bm25_index"] == 2
+    # tiny: bm25, 2 off the shelf, 4 trained, 2 fused with BM25 (not transferred); other: bm25,
+    # 2 off the shelf, 4 transferred
+    assert jobs["evaluate"] == 7 + 2 + 7 and jobs["bm25_index"] == 2
     commands = [line.strip() for line in result.stdout.splitlines() if "dprflow.stages.encode_corpus" in line]
     transferred = [c for c in commands if "seed-13/r2/on-other/embeddings" in c]
     assert len(transferred) == 2  # two shards
