@@ -173,10 +173,7 @@ def retriever_flags(wildcards):
             f" --student-over {q(d['student_over'])}"
         )
     else:
-        d = {
-            **FT["retriever"],
-            **(point_settings(wildcards) if is_point(wildcards) else {}),
-        }
+        d = retriever_section(wildcards)
         flags = selection_flag(wildcards)
     temperature = d[
         "temperature"

@@ -12,7 +12,7 @@ HELDOUT_QUERIES = f"{RESULTS}/{{collection}}/collection/heldout_queries.parquet"
 
 def selects_settings():
     """Whether r1 and r2 train with settings chosen on held-out queries (a grid with a choice)."""
-    return len(POINTS) > 1 or bool(SELECT["retriever"])
+    return bool(SELECT["retriever"])
 
 
 def selection_file(wildcards):

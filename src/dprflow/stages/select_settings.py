@@ -68,10 +68,11 @@ def mean_metric(path: str, metric: str) -> float:
 
 
 def heldout_value(
-    run: pd.DataFrame, passages: str, qrels: pd.DataFrame, ids: list[str], metric: str
+    run: pd.DataFrame, parents: pd.DataFrame, qrels: pd.DataFrame, ids: list[str], metric: str
 ) -> float:
-    """The mean of ``metric`` of a held-out passage run, scored as stage ``evaluate`` scores (MaxP)."""
-    doc_run = passage_run_to_doc_run(run, run_passages(passages, run["passage_id"]))
+    """The mean of ``metric`` of a held-out passage run, scored as stage ``evaluate`` scores (MaxP);
+    ``parents`` (passage_id, doc_id) covers every passage the run names."""
+    doc_run = passage_run_to_doc_run(run, parents)
     values = evaluate_run(doc_run, qrels, ids, [metric])
     return float(values["value"].mean())
 
@@ -109,15 +110,17 @@ def choose_fusion(args: Args, dense_path: str) -> dict:
     dense, bm25 = read_table(dense_path, "run"), read_table(args.bm25_run, "run")
     if set(dense["query_id"]) - set(ids) or set(bm25["query_id"]) - set(ids):
         raise StageError(f"{dense_path} or {args.bm25_run}: a query that is not held out in {args.queries}")
+    # a fused run names passages of these two only: the passages table is read once, not per weight
+    parents = run_passages(args.passages, pd.concat([dense["passage_id"], bm25["passage_id"]]))
     alone = {
-        "dense": heldout_value(dense, args.passages, qrels, ids, args.metric),
-        "bm25": heldout_value(bm25, args.passages, qrels, ids, args.metric),
+        "dense": heldout_value(dense, parents, qrels, ids, args.metric),
+        "bm25": heldout_value(bm25, parents, qrels, ids, args.metric),
     }
     weights = args.weights if args.fusion_method == "convex" else [None]
     values = {}
     for weight in weights:
         fused = fuse_runs(dense, bm25, args.fusion_method, weight or 0.0, args.rrf_k, args.depth)
-        values[weight] = heldout_value(fused, args.passages, qrels, ids, args.metric)
+        values[weight] = heldout_value(fused, parents, qrels, ids, args.metric)
     best = best_point(values)
     log.info(
         "held-out %s of the fused run: %s (dense alone %.4f, BM25 alone %.4f)",
