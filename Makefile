@@ -76,6 +76,17 @@ GPU_PYTHON ?= python3
 gpu-check:
 	PYTHONPATH=src $(GPU_PYTHON) scripts/gpu_check.py
 
+# Then the workflow itself on that GPU (after make setup): the tests' tiny config (every stage type
+# but doc2query and the MLM base) through Snakemake with the packaged MiniLM, in GPU_WORKDIR; then
+# each job's wall time and the device its log names (scripts/gpu_workflow_jobs.py).
+GPU_WORKDIR ?= results-gpu-workflow
+.PHONY: gpu-workflow
+gpu-workflow: setup
+	mkdir -p $(GPU_WORKDIR)
+	$(BIN)/snakemake -s $(abspath Snakefile) --directory $(GPU_WORKDIR) --cores $(CORES) \
+		--configfile $(abspath tests/data/tiny_workflow.yaml) $(SNAKEMAKE_ARGS)
+	$(BIN)/python scripts/gpu_workflow_jobs.py $(GPU_WORKDIR) --out $(GPU_WORKDIR)/jobs.csv
+
 # The MLM base's generic corpus (docs/methods.md): English prose from Debian's documentation
 # packages, installed first when missing (apt-get update only if the install cannot find them), in
 # data/generic/debian-docs.jsonl with its manifest (eight packages, 10.3M tokens). Without root

@@ -329,3 +329,21 @@ def test_a_fused_row_without_a_grid_trains_one_point_for_its_weight(tmp_path):
     assert "--split fit" in point and "--selection" not in row and "--selection" not in point
     (fused,) = commands_by_rule(plan)["fuse"]
     assert "--selection results/" in fused and "seed-13/select/selection.json" in fused
+
+
+@pytest.mark.parametrize(
+    ("rows", "grid_weighs", "zeroshot_chooses"),
+    [("[]", False, False), ("[zeroshot]", False, True), ("[r2]", True, False)],
+)
+def test_a_fusion_weight_is_chosen_only_where_a_fused_row_reads_it(
+    tmp_path, rows, grid_weighs, zeroshot_chooses
+):
+    """Without a fused row nothing reads a weight, so none is chosen and BM25's held-out run is not
+    read (before: every selection chose one, through pyserini, also with `fusion.rows: []`)."""
+    overrides = SELECTION.replace("rows: [zeroshot, r2]", f"rows: {rows}")
+    commands = commands_by_rule(all_methods_plan(tmp_path, overrides))
+    choosers = commands["select_settings"]
+    (grid,) = [c for c in choosers if "seed-13/select/selection.json" in c]
+    assert ("--bm25-run" in grid) == grid_weighs
+    assert ("--bm25-run" in " ".join(c for c in choosers if c != grid)) == zeroshot_chooses
+    assert ("bm25_heldout" in commands) == (grid_weighs or zeroshot_chooses)

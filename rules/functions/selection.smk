@@ -74,18 +74,28 @@ def heldout_chooser_inputs(wildcards):
         "qrels": result_path(wildcards.collection, "collection", "qrels.parquet"),
         "passages": result_path(wildcards.collection, "passages.parquet"),
     }
-    if FUSION["method"] == "convex":
+    if chooses_weight(wildcards.chooser):
         out["bm25"] = result_path(
             wildcards.collection, "bm25", "heldout", "run.parquet"
         )
     return out
 
 
+def chooses_weight(chooser):
+    """Whether a selection.json also holds a fused row's weight: for the convex combination only,
+    and only where a fused row reads it (zeroshot's for zeroshot+bm25, a seed's for the others).
+    """
+    if FUSION["method"] != "convex":
+        return False
+    rows = set(FUSION["rows"])
+    return "zeroshot" in rows if chooser == "zeroshot" else bool(rows - {"zeroshot"})
+
+
 def chooser_flags(wildcards):
     """The grid (in the order of the metrics and runs files) and the fusion weights to try."""
     grid = [{}] if wildcards.chooser == "zeroshot" else list(POINTS.values())
     flags = f"--grid {q(json.dumps(grid))} --metric {q(SELECT['metric'])}"
-    if FUSION["method"] == "convex":
+    if chooses_weight(wildcards.chooser):
         c = wildcards.collection
         flags += (
             f" --bm25-run {q(result_path(c, 'bm25', 'heldout', 'run.parquet'))}"

@@ -128,7 +128,7 @@ def encode(args: Args) -> None:
     emb = emb[rows.start - aligned.start : rows.stop - aligned.start]
     write_embeddings(args.out, ids, emb, precision=precision)
     log.info(
-        "shard %d/%d: %d passages, dimension %d, %s pooling, %s similarity (%s), precision %s, prompt %r",
+        "shard %d/%d: %d passages, dimension %d, %s pooling, %s similarity (%s), precision %s on %s, prompt %r",
         args.shard,
         args.num_shards,
         len(ids),
@@ -137,6 +137,7 @@ def encode(args: Args) -> None:
         model.similarity,
         model.source,
         precision,
+        device,
         prompt,
     )
 

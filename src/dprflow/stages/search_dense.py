@@ -119,7 +119,7 @@ def search(args: Args) -> None:
     queries = read_table(args.queries, "queries")
     # a model that ships a query prompt is fed it, as sentence-transformers' encode_query
     prompts = model_prompts(args.model)
-    log.info("prompts: query %r, passage %r", prompts["query"], prompts["passage"])
+    log.info("queries encoded on %s; prompts: query %r, passage %r", device, prompts["query"], prompts["passage"])
     searches = [(args.eval_split, args.depth, args.out, args.trec)]
     if args.train_out:
         searches.append((args.train_split, args.train_depth, args.train_out, None))
