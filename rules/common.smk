@@ -15,7 +15,9 @@ import re
 import shlex
 from pathlib import Path
 
-from dprflow.finetuning.selection import FUSED_SUFFIX, grid_points, point_name
+from dprflow.finetuning.selection import grid_points, point_name
+from dprflow.plan import rows as plan_rows
+from dprflow.plan.rows import STAGES, is_dense, split_transfer
 from dprflow.models.init import MLM_INIT
 from dprflow.provenance import local_sha256
 from dprflow.rule_flags import (
@@ -38,8 +40,6 @@ shell.prefix(f"export PYTHONPATH={shlex.quote(PYTHONPATH)}; ")
 RESULTS = "results"
 LOGS = f"{RESULTS}/logs"
 BENCHMARKS = f"{RESULTS}/benchmarks"
-# The fine-tuned stages, each run once per seed.
-STAGES = ["r1", "r2", "rerank", "distill"]
 # Methods whose pre-trained encoder is a retriever as it is (Contriever's unsupervised setting):
 # they get a zeroshot row of their own beside none/zeroshot.
 ZEROSHOT_METHODS = ["contriever"]
@@ -56,20 +56,19 @@ GEOMETRY_CONTROLS = {"none-mean": ("mean", "dot")}
 
 # The off-the-shelf models of model.references: row method ref-<name> -> model, pooling, similarity.
 REFERENCES = reference_models(config)
-NAME = "[A-Za-z0-9_-]+"
+NAME = plan_rows.NAME
 # A row scored on another collection than the one it was trained on: <row>/on-<collection>, in the
 # training collection's folder (transfer evaluation, collections.<name>.evaluate_on / evaluate_only).
-TRANSFER = re.compile(f"^(?P<row>.+)/on-(?P<target>{NAME})$")
-TRANSFER_SUFFIX = f"(/on-{NAME})?"
+TRANSFER_SUFFIX = plan_rows.transfer_pattern()
 
 
 wildcard_constraints:
     collection=f"(?!pretrain$){NAME}",
     method=NAME,
     target=NAME,
-    # bm25, <method>/zeroshot, or <method>/seed-<seed>/<stage> (a fine-tuned row of one seed), the
-    # last two with /on-<collection> when scored on another collection (transfer)
-    system=f"bm25|{NAME}/(zeroshot|seed-[0-9]+/({'|'.join(STAGES)}))({re.escape(FUSED_SUFFIX)})?{TRANSFER_SUFFIX}",
+    # a row's name (dprflow.plan.rows): bm25, <method>/zeroshot or <method>/seed-<seed>/<stage>,
+    # fused with BM25 or not, with /on-<collection> when scored on another collection (transfer)
+    system=plan_rows.system_pattern(),
 
 
 def result_path(*parts):
@@ -161,13 +160,6 @@ def train_split(wildcards):
     return collection_spec(wildcards)["train_split"]
 
 
-def split_transfer(value):
-    """``seed-13/r2/on-cisi`` -> (``seed-13/r2``, ``cisi``); a row scored where it was trained ->
-    (value, None)."""
-    match = TRANSFER.match(value)
-    return (match["row"], match["target"]) if match else (value, None)
-
-
 def scored_collection(wildcards):
     """The collection a row's run is scored on: its ``target`` wildcard or ``/on-<collection>``
     suffix (transfer), else the collection it lives in."""
@@ -216,7 +208,9 @@ def finetune_seeds():
 def untrained_rows():
     """Rows that train nothing on the collection: BM25, the initial model and each reference model
     off the shelf; every collection scores its own."""
-    return ["bm25", "none/zeroshot"] + [f"{ref}/zeroshot" for ref in REFERENCES]
+    return [plan_rows.BM25, plan_rows.OFF_THE_SHELF] + [
+        plan_rows.zeroshot(r) for r in REFERENCES
+    ]
 
 
 def method_stages(method):
@@ -229,10 +223,10 @@ def method_stages(method):
 def trained_rows():
     """Rows trained on a collection: a method's pre-trained encoder as it is (Contriever) and each
     method's fine-tuning stages once per seed (<method>/seed-<seed>/<stage>)."""
-    rows = [f"{m}/zeroshot" for m in config["methods"] if m in ZEROSHOT_METHODS]
+    rows = [plan_rows.zeroshot(m) for m in config["methods"] if m in ZEROSHOT_METHODS]
     for method in config["methods"]:
         for seed in finetune_seeds():
-            rows += [f"{method}/seed-{seed}/{stage}" for stage in method_stages(method)]
+            rows += [plan_rows.trained(method, seed, s) for s in method_stages(method)]
     return rows
 
 
@@ -241,19 +235,19 @@ def fused_rows():
     (and a method's own zeroshot row) and each method's fine-tuned rows named there."""
     chosen = config["finetune"]["fusion"]["rows"]
     rows = []
-    if "zeroshot" in chosen:
+    if plan_rows.ZEROSHOT in chosen:
         rows += [
-            f"{m}/zeroshot"
+            plan_rows.zeroshot(m)
             for m in ["none", *(m for m in config["methods"] if m in ZEROSHOT_METHODS)]
         ]
     for method in config["methods"]:
         for seed in finetune_seeds():
             rows += [
-                f"{method}/seed-{seed}/{stage}"
-                for stage in method_stages(method)
-                if stage in chosen
+                plan_rows.trained(method, seed, s)
+                for s in method_stages(method)
+                if s in chosen
             ]
-    return [f"{row}{FUSED_SUFFIX}" for row in rows]
+    return [plan_rows.fused(row) for row in rows]
 
 
 def systems():
@@ -273,25 +267,17 @@ def scored_rows():
         ]
     for c in training_collections():
         rows += [
-            (c, f"{s}/on-{t}") for t in transfer_targets(c) for s in trained_rows()
+            (c, plan_rows.transfer(s, t))
+            for t in transfer_targets(c)
+            for s in trained_rows()
         ]
     return rows
-
-
-def is_dense(system):
-    """A row searched with a bi-encoder (it has an encoder.json): not BM25, not a reranked run."""
-    row = split_transfer(system)[0]
-    return (
-        row != "bm25"
-        and os.path.basename(row) != "rerank"
-        and not row.endswith(FUSED_SUFFIX)
-    )
 
 
 def comparison_rows():
     """The rows of the comparison: each system with its seed folded away (<method>/<stage>)."""
     names = (split_transfer(s)[0] for _, s in scored_rows())
-    return list(dict.fromkeys(re.sub("(?<=/)seed-[0-9]+/", "", s) for s in names))
+    return list(dict.fromkeys(plan_rows.without_seed(s) for s in names))
 
 
 # The baseline must be one of them: checked now, not when the comparison is made.

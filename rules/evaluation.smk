@@ -1,5 +1,5 @@
 # Evaluation: per-query metrics of every run, then one comparison table over all of them. A row
-# scored on another collection than its own (<row>/on-<target>, `TRANSFER` in rules/common.smk) is scored on
+# scored on another collection than its own (<row>/on-<target>, dprflow.plan.rows.transfer) is scored on
 # the target's queries and qrels.
 
 

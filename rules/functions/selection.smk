@@ -154,7 +154,7 @@ def selection_files():
             ]
         if FUSION["method"] == "convex":
             for row in fused_rows():
-                method, fused = row[: -len(FUSED_SUFFIX)].split("/", 1)
+                method, fused = plan_rows.unfused(row).split("/", 1)
                 where = SimpleNamespace(collection=c, method=method, fused=fused)
                 files.append(fusion_selection(where))
     return list(dict.fromkeys(files))

@@ -40,6 +40,7 @@ import yaml
 from dprflow import yamlfile
 from dprflow.errors import StageError
 from dprflow.models.init import MLM_INIT, model_settings
+from dprflow.plan.rows import REFERENCE_PREFIX
 from dprflow.pretraining.contriever import longest_view
 
 
@@ -471,9 +472,6 @@ def _check_transfer(config: dict) -> list[str]:
             "model.references only"
         )
     return problems
-
-
-REFERENCE_PREFIX = "ref-"
 
 
 def _slug(text: str) -> str:

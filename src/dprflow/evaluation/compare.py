@@ -35,25 +35,17 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from dprflow.finetuning.selection import FUSED_SUFFIX
+from dprflow.plan import rows as plan_rows
+from dprflow.plan.rows import split_seed
 
-STAGE_ORDER = ["zeroshot", "r1", "r2", "rerank", "distill"]
 # The long table's leading columns (then training_collection and the significance columns).
 ROW_COLUMNS = ["collection", "system", "metric", "value", "std", "n_seeds", "seeds", "n_queries"]
 ALPHA = 0.05
 
 
 def system_sort_key(system: str, methods: list[str]) -> tuple:
-    if system in ("bm25", "none/zeroshot"):  # the reference rows first
-        return (0, 0, 0, system)
-    method, _, stage = system.partition("/")
-    stage, fused = (
-        stage.removesuffix(FUSED_SUFFIX),
-        stage.endswith(FUSED_SUFFIX),
-    )  # a row fused with BM25 follows its row
-    m = methods.index(method) if method in methods else len(methods)
-    s = STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER)
-    return (1, m, s, fused, system)
+    """The table's order of rows (dprflow.plan.rows.sort_key)."""
+    return plan_rows.sort_key(system, methods)
 
 
 def holm(pvalues: list[float]) -> list[float]:
@@ -126,14 +118,6 @@ def paired_test(
     if test == "randomization":
         return paired_randomization(a, b, permutations, seed)
     raise ValueError(f"unknown significance test {test!r}; allowed: {', '.join(SIGNIFICANCE_TESTS)}")
-
-
-def split_seed(system: str) -> tuple[str, int | None]:
-    """``none/seed-13/r2`` -> (``none/r2``, 13); a system without a seed -> (system, None)."""
-    parts = system.split("/")
-    if len(parts) == 3 and parts[1].startswith("seed-") and parts[1][5:].isdigit():
-        return f"{parts[0]}/{parts[2]}", int(parts[1][5:])
-    return system, None
 
 
 def seed_matrix(by_seed: dict[int | None, pd.DataFrame], metric: str) -> pd.DataFrame:
@@ -253,7 +237,7 @@ def reference_letters(references: list[str]) -> dict[str, str]:
     c, d, ... for the others (evaluation.also_against), in order."""
     letters, others = {}, iter("cdefghijklmnopqrstuvwxy")
     for i, ref in enumerate(references):
-        letters[ref] = "b" if i == 0 else "z" if ref == "none/zeroshot" else next(others)
+        letters[ref] = "b" if i == 0 else "z" if ref == plan_rows.OFF_THE_SHELF else next(others)
     return letters
 
 
@@ -274,9 +258,9 @@ def encoder_label(table: pd.DataFrame, system: str) -> str:
     pairs = rows[["pooling", "similarity"]].dropna().drop_duplicates()
     if not pairs.empty:
         return " / ".join(f"{p}, {s}" for p, s in pairs.itertuples(index=False))
-    if system == "bm25":
+    if system == plan_rows.BM25:
         return "BM25"
-    if system.endswith(FUSED_SUFFIX):
+    if plan_rows.is_fused(system):
         return "fused with BM25"
     return "cross-encoder" if system.endswith("/rerank") else "–"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-STAGE_ORDER = ["r1", "r2", "rerank", "distill"]
+from dprflow.plan.rows import BM25, OFF_THE_SHELF, STAGES
 
 
 def _pyplot():
@@ -100,7 +100,7 @@ def nb_recall(table: pd.DataFrame, path) -> None:
     _save(fig, path)
 
 
-def main_metric(table: pd.DataFrame, metric: str, path, references=("bm25", "none/zeroshot")) -> None:
+def main_metric(table: pd.DataFrame, metric: str, path, references=(BM25, OFF_THE_SHELF)) -> None:
     """``table``: the comparison CSV (``collection, system, metric, value`` and, with several
     seeds, ``std``). Bars: methods grouped by stage; lines: the reference rows."""
     part = table[table["metric"] == metric]
@@ -112,7 +112,7 @@ def main_metric(table: pd.DataFrame, metric: str, path, references=("bm25", "non
         rows = part[part["collection"] == collection]
         trained = rows[~rows["system"].isin(references)]
         methods = list(dict.fromkeys(s.split("/")[0] for s in trained["system"]))
-        stages = [s for s in STAGE_ORDER if any(trained["system"].str.endswith("/" + s))]
+        stages = [s for s in STAGES if any(trained["system"].str.endswith("/" + s))]
         width = 0.8 / max(1, len(methods))
         x = np.arange(len(stages))
         values = rows.set_index("system")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from dprflow import provenance
+from dprflow.plan import rows as plan_rows
 
 
 def markdown_to_html(text: str) -> str:
@@ -83,17 +84,20 @@ def row_artifacts(results: Path, collection: str, system: str, trained_on: str =
     method, _, stage = system.partition("/")
     home = trained_on or collection
     folders = [results / home / system]
-    if stage and stage != "zeroshot":
-        folders = sorted((results / home / method).glob(f"seed-*/{stage}"))
+    if stage and stage != plan_rows.ZEROSHOT:
+        folders = sorted((results / home / method).glob(plan_rows.seed_folder("*") + f"/{stage}"))
     transfer = home != collection
     if transfer:
-        folders = [folder / f"on-{collection}" for folder in folders]
+        folders = [Path(plan_rows.transfer(str(folder), collection)) for folder in folders]
     paths = sorted(
         p
         for folder in folders
         for p in _walk(folder)
         if (p.name.endswith(provenance.SUFFIX) or p.name == provenance.FOLDER_FILE)
-        and (transfer or not any(part.startswith("on-") for part in p.relative_to(folder).parts))
+        and (
+            transfer
+            or not any(part.startswith(plan_rows.TRANSFER_PREFIX) for part in p.relative_to(folder).parts)
+        )
     )
     if transfer:  # the models it was scored with
         paths += sorted(
@@ -210,8 +214,13 @@ def training_logs(model_dirs: list[str], results: Path) -> pd.DataFrame:
             collection, method, stage = "generic", parts[1], "pretrain-generic"
         elif parts[2] == "pretrain":
             collection, method, stage = parts[0], parts[1], "pretrain-corpus"
-        elif parts[2].startswith("seed-") and len(parts) == 5:
-            collection, method, seed, stage = parts[0], parts[1], parts[2][5:], parts[3]
+        elif parts[2].startswith(plan_rows.SEED_PREFIX) and len(parts) == 5:
+            collection, method, seed, stage = (
+                parts[0],
+                parts[1],
+                parts[2].removeprefix(plan_rows.SEED_PREFIX),
+                parts[3],
+            )
         else:
             raise ValueError(f"{d}: not a model folder of a training stage")
         log_file = Path(d) / "train_log.csv"

@@ -44,8 +44,6 @@ GRID_KEYS = (
 # The point of an empty grid: the settings as configured, trained on the fit part.
 CONFIGURED = "configured"
 FUSION_METHODS = ("convex", "rrf")
-# A dense row fused with BM25: ``<row>+bm25`` (its folder beside the row's, its name in the tables).
-FUSED_SUFFIX = "+bm25"
 FIT, HELDOUT = "fit", "heldout"
 
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from dprflow.cli import run_stage
 from dprflow.search import bm25
+from dprflow.search.bm25_stages import LuceneArgs, split_queries
 from dprflow.search.runs import read_positive_passages, write_negatives
-from dprflow.stages.bm25_search import LuceneArgs, split_queries
 
 log = logging.getLogger("dprflow.bm25_negatives")
 

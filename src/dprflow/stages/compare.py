@@ -18,8 +18,9 @@ import pandas as pd
 from dprflow.cli import run_stage
 from dprflow.data.schemas import read_table
 from dprflow.errors import StageError
-from dprflow.evaluation.compare import SIGNIFICANCE_TESTS, build_comparison, split_seed, to_markdown
+from dprflow.evaluation.compare import SIGNIFICANCE_TESTS, build_comparison, to_markdown
 from dprflow.files import atomic_path
+from dprflow.plan.rows import BM25, OFF_THE_SHELF, split_seed, split_transfer
 
 log = logging.getLogger("dprflow.compare")
 
@@ -71,7 +72,7 @@ class Args:
         metadata={"help": "collections whose scored split is their training split (score_training_queries)"},
     )
     untrained_rows: list[str] = field(
-        default_factory=lambda: ["bm25", "none/zeroshot"],
+        default_factory=lambda: [BM25, OFF_THE_SHELF],
         metadata={"help": "rows that train nothing on a collection (BM25, the off-the-shelf models)"},
     )
     selection_files: list[str] = field(
@@ -98,18 +99,15 @@ def system_of(path: Path, results_dir: Path, name: str = "metrics.parquet") -> t
     return parts[0], "/".join(parts[1:-1])
 
 
-TRANSFER_PREFIX = "on-"
-
-
 def row_of(
     path: Path, results_dir: Path, untrained: list[str], name: str = "metrics.parquet"
 ) -> tuple[str, str, str]:
     """(scored collection, system, training collection) of a row's file; the training collection
     is empty for an untrained row."""
     collection, system = system_of(path, results_dir, name)
-    head, _, last = system.rpartition("/")
-    if head and last.startswith(TRANSFER_PREFIX):
-        return last[len(TRANSFER_PREFIX) :], head, collection
+    row, target = split_transfer(system)
+    if target:
+        return target, row, collection
     return collection, system, "" if split_seed(system)[0] in untrained else collection
 
 
@@ -182,7 +180,7 @@ def compare(args: Args) -> None:
     per_query = {
         row_of(Path(p), results, args.untrained_rows): read_table(p, "metrics") for p in args.metrics_files
     }
-    references = list(dict.fromkeys([args.baseline, "none/zeroshot", *args.also_against]))
+    references = list(dict.fromkeys([args.baseline, OFF_THE_SHELF, *args.also_against]))
     if args.permutations < 1:
         raise StageError(f"--permutations must be >= 1, got {args.permutations}")
     table = build_comparison(

@@ -26,15 +26,9 @@ from dprflow.models.st_format import POOLINGS, SIMILARITIES, with_prompt
 from dprflow.models.texts import encoder_texts
 from dprflow.precision import PRECISIONS, resolve_precision
 from dprflow.search.dense import encode_texts, write_embeddings
+from dprflow.search.geometry import geometry_field
 
 log = logging.getLogger("dprflow.encode_corpus")
-
-
-def geometry_field(what: str, choices: tuple[str, ...]):
-    """An optional flag overriding the model's own pooling or similarity (encode and search)."""
-    return field(
-        default=None, metadata={"help": f"override the model's own {what}", "choices": list(choices)}
-    )
 
 
 @dataclass
@@ -81,11 +75,6 @@ def batch_aligned(rows: slice, batch_size: int, n: int) -> slice:
     return slice(rows.start // batch_size * batch_size, min(-(-rows.stop // batch_size) * batch_size, n))
 
 
-def model_device() -> torch.device:
-    """The process's GPU when one is visible, else the CPU (:func:`dprflow.hardware.stage_device`)."""
-    return stage_device()
-
-
 def encode(args: Args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -100,7 +89,7 @@ def encode(args: Args) -> None:
             f"{args.passages}: shard {args.shard} of {args.num_shards} is empty ({len(n_tokens)} passages)"
         )
     tokenizer = load_tokenizer(args.model)
-    device = model_device()
+    device = stage_device()
     precision = resolve_precision(args.precision, device)
     model = (
         BiEncoder.from_pretrained(args.model, pooling=args.pooling, similarity=args.similarity)

@@ -18,6 +18,7 @@ from dprflow.data.schemas import read_table
 from dprflow.errors import StageError
 from dprflow.files import atomic_path
 from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer, model_prompts
+from dprflow.hardware import stage_device
 from dprflow.models.st_format import POOLINGS, SIMILARITIES, with_prompt
 from dprflow.precision import PRECISIONS, resolve_precision
 from dprflow.search.dense import (
@@ -28,8 +29,8 @@ from dprflow.search.dense import (
     iter_search_run,
     search_shards,
 )
+from dprflow.search.geometry import geometry_field
 from dprflow.search.runs import write_run_pieces
-from dprflow.stages.encode_corpus import geometry_field, model_device
 
 log = logging.getLogger("dprflow.search_dense")
 
@@ -109,7 +110,7 @@ def search(args: Args) -> None:
         torch.set_num_threads(args.threads)
     index = None if args.shard_at_a_time else FlatIndex.from_files(args.embeddings)
     tokenizer = load_tokenizer(args.model)
-    device = model_device()
+    device = stage_device()
     precision = query_precision(args, device)
     model = (
         BiEncoder.from_pretrained(args.model, pooling=args.pooling, similarity=args.similarity)
@@ -119,7 +120,9 @@ def search(args: Args) -> None:
     queries = read_table(args.queries, "queries")
     # a model that ships a query prompt is fed it, as sentence-transformers' encode_query
     prompts = model_prompts(args.model)
-    log.info("queries encoded on %s; prompts: query %r, passage %r", device, prompts["query"], prompts["passage"])
+    log.info(
+        "queries encoded on %s; prompts: query %r, passage %r", device, prompts["query"], prompts["passage"]
+    )
     searches = [(args.eval_split, args.depth, args.out, args.trec)]
     if args.train_out:
         searches.append((args.train_split, args.train_depth, args.train_out, None))
