@@ -26,7 +26,7 @@ from dprflow.rule_flags import (
     optim_flags,
     precision_flag,
     q,
-    section_flags,
+    schema_flags,
     training_flags,
 )
 from dprflow.stage_code import stage_sources

@@ -64,8 +64,9 @@ def main(argv: list[str] | None = None) -> int:
             print(error, file=sys.stderr)
             failed.append(config)
             continue
-        name = config.resolve().relative_to(ROOT / "config").with_suffix(".txt")
-        target = args.out / str(name).replace("/", "__")
+        path = config.resolve()
+        name = path.relative_to(ROOT / "config") if path.is_relative_to(ROOT / "config") else Path(path.name)
+        target = args.out / str(name.with_suffix(".txt")).replace("/", "__")
         target.write_text("\n".join(lines) + "\n")
         print(f"{config}: {len(lines)} commands -> {target}")
     if failed:

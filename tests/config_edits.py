@@ -5,6 +5,7 @@ tests/test_planned_jobs.py use to say which message an edit gets."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "config" / "schema.yaml"
@@ -40,3 +41,22 @@ def set_key(path: str, value):
         node[last] = value
 
     return edit
+
+
+def other_value(spec: dict[str, Any]) -> Any:
+    """A valid value of a schema property other than its default."""
+    default = spec.get("default")
+    for alternative in spec.get("anyOf", []):
+        value = other_value({**alternative, "default": default})
+        if value != default:
+            return value
+    if "enum" in spec:
+        return next((v for v in spec["enum"] if v != default), default)
+    kind = spec.get("type")
+    if kind == "boolean":
+        return not default
+    if kind == "integer":
+        return default + 1 if isinstance(default, int) else spec.get("minimum", 0) + 3
+    if kind == "number":
+        return default / 2 if default else 1.0
+    raise AssertionError(f"no other value of {spec}: extend other_value for this schema type")

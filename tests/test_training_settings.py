@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from config_edits import other_value
 from dry_runs import all_methods_plan, commands_by_rule, stage_args
 
 from dprflow.stage_args import TrainArgs, TrainingSettings
@@ -25,25 +26,6 @@ SCHEMA = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())
 TRAINING = SCHEMA["properties"]["training"]["properties"]
 # Stages that run a model (precision) beside the training stages (their Args subclass TrainArgs).
 MODEL_STAGES = {"doc2query", "encode_corpus", "search_dense", "rerank", "score_candidates"}
-
-
-def other_value(spec: dict[str, Any]) -> Any:
-    """A valid value of a schema property other than its default."""
-    default = spec.get("default")
-    for alternative in spec.get("anyOf", []):
-        value = other_value({**alternative, "default": default})
-        if value != default:
-            return value
-    if "enum" in spec:
-        return next((v for v in spec["enum"] if v != default), default)
-    kind = spec.get("type")
-    if kind == "boolean":
-        return not default
-    if kind == "integer":
-        return default + 1 if isinstance(default, int) else spec.get("minimum", 0) + 3
-    if kind == "number":
-        return default / 2 if default else 1.0
-    raise AssertionError(f"no other value of {spec}: extend other_value for this schema type")
 
 
 OTHER = {key: other_value(spec) for key, spec in TRAINING.items()}

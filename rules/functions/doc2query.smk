@@ -18,20 +18,8 @@ def doc2query_model(wildcards):
 
 
 def train_doc2query_flags(wildcards):
-    d = PT["doc2query"]
-    keys = [
-        "max_passage_length",
-        "max_query_length",
-        "drop_eval_overlap",
-        "validation_fraction",
-        "batch_size",
-        "learning_rate",
-        "weight_decay",
-        "warmup_ratio",
-        "epochs",
-        "max_steps",
-    ]
-    flags = f"--seed {q(FT['seed'])} {section_flags(d['train'], keys)}"
+    train = schema_flags(config, SCHEMA, "pretrain.doc2query.train")
+    flags = f"--seed {q(FT['seed'])} {train}"
     return (
         flags
         + f" --eval-splits {' '.join(map(q, eval_splits_of(wildcards)))} {training_flags(config, SCHEMA)}"
@@ -46,15 +34,14 @@ def eval_splits_of(wildcards):
 
 def doc2query_flags(wildcards):
     d = PT["doc2query"]
-    keys = [
-        "n_queries",
-        "top_p",
-        "top_k",
-        "max_new_tokens",
-        "batch_size",
-        "max_passages",
-    ]
-    flags = f"--seed {q(FT['seed'])} {section_flags(d, keys)} {precision_flag(config)}"
+    # model is an input, input_prefix is quoted below, train is train_doc2query's
+    generation = schema_flags(
+        config,
+        SCHEMA,
+        "pretrain.doc2query",
+        passed_otherwise=("model", "input_prefix", "train"),
+    )
+    flags = f"--seed {q(FT['seed'])} {generation} {precision_flag(config)}"
     if d["input_prefix"]:
         flags += f" --input-prefix {shlex.quote(d['input_prefix'])}"
     return flags

@@ -117,45 +117,16 @@ def mlm_tokenizer_fingerprint(wildcards):
 
 
 def pretrain_mlm_flags(wildcards):
-    keys = [
-        "tokenizer",
-        "layers",
-        "hidden_size",
-        "heads",
-        "intermediate_size",
-        "max_length",
-        "mlm_probability",
-        "heldout_sequences",
-        "batch_size",
-        "learning_rate",
-        "weight_decay",
-        "warmup_ratio",
-        "epochs",
-        "max_steps",
-    ]
     return (
         f"{generic_corpus_flags(PT)} --seed {q(FT['seed'])}"
-        f" {section_flags(MLM, keys)} {training_flags(config, SCHEMA)}"
+        f" {schema_flags(config, SCHEMA, 'model.mlm')} {training_flags(config, SCHEMA)}"
     )
 
 
 def pretrain_generic_flags(wildcards):
     flags = f"{generic_corpus_flags(PT)} --seed {q(FT['seed'])}"
-    keys = [
-        "n_early",
-        "n_head_layers",
-        "mlm_probability",
-        "whole_word",
-        "whole_word_count",
-        "max_length",
-        "batch_size",
-        "learning_rate",
-        "weight_decay",
-        "warmup_ratio",
-        "epochs",
-        "max_steps",
-    ]
-    return f"{flags} {section_flags(PT['condenser'], keys)} {training_flags(config, SCHEMA)}"
+    condenser = schema_flags(config, SCHEMA, "pretrain.condenser")
+    return f"{flags} {condenser} {training_flags(config, SCHEMA)}"
 
 
 def pretrain_corpus_flags(wildcards):
@@ -166,26 +137,14 @@ def pretrain_corpus_flags(wildcards):
         f" --max-passage-tokens {q(PT['cocondenser']['qac_passage_tokens'])}"
         for p in qac_queries_input(wildcards)
     )
-    keys = [
-        "spans",
-        "span_min",
-        "span_max",
-        "batch_size",
-        "chunk_size",
-        "contrastive_only",
-        "mlm_probability",
-        "whole_word",
-        "whole_word_count",
-        "learning_rate",
-        "weight_decay",
-        "warmup_ratio",
-        "epochs",
-        "max_steps",
-    ]
-    return (
-        f"--seed {q(FT['seed'])}"
-        f" {section_flags(PT['cocondenser'], keys)}{queries} {training_flags(config, SCHEMA)}"
+    # init and corpus choose the stage's inputs; qac_passage_tokens goes with the queries
+    section = schema_flags(
+        config,
+        SCHEMA,
+        "pretrain.cocondenser",
+        passed_otherwise=("init", "corpus", "qac_passage_tokens"),
     )
+    return f"--seed {q(FT['seed'])} {section}{queries} {training_flags(config, SCHEMA)}"
 
 
 def cocondenser_init_fingerprint(wildcards):
@@ -318,25 +277,24 @@ def mae_flags(wildcards, phase):
         f"--seed {q(FT['seed'])}",
         f"--p-dec {q(m['p_dec'][mae_variant(wildcards)])}",
         f"--use-projection {q(str(m['use_projection'][mae_variant(wildcards)]).lower())}",
-        section_flags(
-            m,
-            [
-                "p_enc",
-                "sigma",
-                "n_decoder_layers",
-                "max_length",
-                "span_min",
-                "span_max",
-                "context",
-                "directions",
-                "batch_size",
-                "chunk_size",
-                "learning_rate",
-                "weight_decay",
-                "warmup_ratio",
-            ],
+        # p_dec and use_projection per method (above), corpus_init and corpus choose the
+        # inputs, generic and corpus hold each phase's budget (below)
+        schema_flags(
+            config,
+            SCHEMA,
+            "pretrain.mae",
+            passed_otherwise=(
+                "p_dec",
+                "use_projection",
+                "corpus_init",
+                "generic",
+                "corpus",
+            ),
         ),
-        section_flags(m[phase], ["epochs", "max_steps", "stop_at_step"]),
+        # the corpus phase's documents choose its input (corpus_stage_corpus)
+        schema_flags(
+            config, SCHEMA, f"pretrain.mae.{phase}", passed_otherwise=("documents",)
+        ),
         training_flags(config, SCHEMA),
     ]
     pmi = (
@@ -374,27 +332,10 @@ def contriever_corpus_flags(wildcards):
 
 
 def pretrain_contriever_flags(wildcards):
-    keys = [
-        "negatives",
-        "pairs",
-        "queue_size",
-        "momentum",
-        "temperature",
-        "ratio_min",
-        "ratio_max",
-        "max_doc_tokens",
-        "documents",
-        "p_delete",
-        "p_replace",
-        "p_mask",
-        "batch_size",
-        "learning_rate",
-        "weight_decay",
-        "warmup_ratio",
-        "epochs",
-        "max_steps",
-    ]
+    contriever = schema_flags(
+        config, SCHEMA, "pretrain.contriever", passed_otherwise=("corpus",)
+    )
     return (
         f"{contriever_corpus_flags(wildcards)} --seed {q(FT['seed'])}"
-        f" {section_flags(PT['contriever'], keys)} {training_flags(config, SCHEMA)}"
+        f" {contriever} {training_flags(config, SCHEMA)}"
     )

@@ -52,10 +52,25 @@ def section_flags(section: Mapping[str, Any], keys: Iterable[str]) -> str:
 
 @functools.cache
 def schema_keys(schema_path: str | Path, section: str) -> tuple[str, ...]:
-    """The keys of a top-level section of the config's schema, in the schema's order (read once
-    per process: every training job's flags ask)."""
-    schema = yamlfile.load(schema_path)
-    return tuple(schema["properties"][section]["properties"])
+    """The keys of a section of the config's schema (``training``, ``pretrain.condenser``), in the
+    schema's order (read once per process: every training job's flags ask)."""
+    node = yamlfile.load(schema_path)
+    for part in section.split("."):
+        node = node["properties"][part]
+    return tuple(node["properties"])
+
+
+def schema_flags(
+    config: Mapping[str, Any], schema_path: str | Path, section: str, passed_otherwise: Iterable[str] = ()
+) -> str:
+    """Flags of every key of a config section, in the schema's order, but those the rule passes
+    in another form (``passed_otherwise``: a path, a per-method value, a phase's sub-section): a
+    key added to the section in the schema reaches its stage with no list to edit."""
+    values: Any = config
+    for part in section.split("."):
+        values = values[part]
+    skip = set(passed_otherwise)
+    return section_flags(values, [k for k in schema_keys(schema_path, section) if k not in skip])
 
 
 def precision_flag(config: Mapping[str, Any]) -> str:
