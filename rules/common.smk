@@ -17,6 +17,17 @@ from pathlib import Path
 
 from dprflow.finetuning.selection import grid_points, point_name
 from dprflow.plan import rows as plan_rows
+from dprflow.plan.methods import BY_NAME as METHOD_RECORDS
+from dprflow.plan.methods import (
+    COCONDENSER_STAGE_METHODS,
+    CORPUS_PRETRAINED,
+    GEOMETRY_CONTROLS,
+    MAE_METHODS,
+    MAE_STAGE_METHODS,
+    PRETRAINED_POOLING,
+    QAC_METHODS,
+    ZEROSHOT_METHODS,
+)
 from dprflow.plan.rows import STAGES, is_dense, split_transfer
 from dprflow.models.init import MLM_INIT
 from dprflow.provenance import local_sha256
@@ -40,18 +51,12 @@ shell.prefix(f"export PYTHONPATH={shlex.quote(PYTHONPATH)}; ")
 RESULTS = "results"
 LOGS = f"{RESULTS}/logs"
 BENCHMARKS = f"{RESULTS}/benchmarks"
-# Methods whose pre-trained encoder is a retriever as it is (Contriever's unsupervised setting):
-# they get a zeroshot row of their own beside none/zeroshot.
-ZEROSHOT_METHODS = ["contriever"]
-# The pooling a method's pre-trained encoder was trained with where it is not the papers' [CLS]
-# vector (Contriever section 3: the mean of the tokens); the similarity is the dot product for
-# every pre-training method. Its folder carries no sentence-transformers configuration, so this is
-# the "initial model's own" geometry of that method's fine-tuning.
-PRETRAINED_POOLING = {"contriever": "mean"}
-# Method none fine-tuned in a pre-trained method's geometry, to tell the pre-training's effect from
-# the geometry's: none-mean is none in Contriever's (mean pooling, dot product); none itself takes
-# model.pooling and model.similarity (the MLM base's own: [CLS] and dot, the other methods').
-GEOMETRY_CONTROLS = {"none-mean": ("mean", "dot")}
+# The methods' facts, one record each (dprflow.plan.methods): which have a zeroshot row of their
+# own (Contriever's unsupervised setting), the pooling a pre-trained encoder was trained with where
+# not [CLS] (Contriever section 3: the mean; its folder carries no sentence-transformers
+# configuration, so this is the "initial model's own" geometry of its fine-tuning), the geometry
+# controls (none-mean: none in Contriever's geometry; none itself takes model.pooling and
+# model.similarity), which pre-train on each collection, the MAEs, the query-as-context methods.
 
 
 # The off-the-shelf models of model.references: row method ref-<name> -> model, pooling, similarity.
@@ -327,18 +332,10 @@ def condenser_stage_one():
     return [] if PT["cocondenser"]["init"] else [condenser_model()]
 
 
-MAE_METHODS = ["bmae", "cdmae", "cotmae"]
-# Query-as-context (doc2query queries as the context of their passage) and the method whose
-# stage-one model and pre-training stage it shares.
-QAC_METHODS = {"qac-cocondenser": "cocondenser", "qac-cotmae": "cotmae"}
-# Methods pre-trained on each collection (their encoder: <collection>/<method>/pretrain/model).
-CORPUS_PRETRAINED = ["cocondenser", "contriever", *MAE_METHODS, *QAC_METHODS]
-
-
 wildcard_constraints:
     mae="|".join(MAE_METHODS),
-    mae_method="|".join(MAE_METHODS + ["qac-cotmae"]),
-    cocondenser="cocondenser|qac-cocondenser",
+    mae_method="|".join(MAE_STAGE_METHODS),
+    cocondenser="|".join(COCONDENSER_STAGE_METHODS),
     corpus="[A-Za-z0-9_-]+",
 
 

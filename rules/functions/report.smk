@@ -16,24 +16,21 @@ def nb_recall_files():
 
 def pretrained_models(collection, method):
     """Every pre-training model folder of a method (stage one and two), for the loss curves."""
-    if method == "condenser":
-        return condenser_stage_one()
-    if method in ("cocondenser", "qac-cocondenser"):
-        return condenser_stage_one() + [
-            f"{RESULTS}/{collection}/{method}/pretrain/model"
-        ]
-    if method == "contriever":
-        return [f"{RESULTS}/{collection}/contriever/pretrain/model"]
-    if method == "qac-cotmae" or method in MAE_METHODS:
+    record = METHOD_RECORDS.get(method)  # a reference row's method has none
+    if record is None or record.family is None:
+        return []
+    stage_one = []
+    if record.family == "condenser":
+        stage_one = condenser_stage_one()
+    elif record.family == "mae" and not PT["mae"]["corpus_init"]:
         # no generic stage when the corpus stage starts from pretrain.mae.corpus_init
-        generic = QAC_METHODS.get(method, method)
-        stage_one = (
-            []
-            if PT["mae"]["corpus_init"]
-            else [f"{RESULTS}/pretrain/{generic}/generic/model"]
-        )
-        return stage_one + [f"{RESULTS}/{collection}/{method}/pretrain/model"]
-    return []
+        stage_one = [f"{RESULTS}/pretrain/{record.generic}/generic/model"]
+    corpus = (
+        [f"{RESULTS}/{collection}/{method}/pretrain/model"]
+        if record.corpus_stage
+        else []
+    )
+    return stage_one + corpus
 
 
 def training_model_dirs():

@@ -1,9 +1,7 @@
 def pretrained_encoder(wildcards):
     """The pre-trained encoder folder of a method (an input of its retrievers); none for method none."""
-    if (
-        wildcards.method == "condenser"
-    ):  # a hub id (pretrain.cocondenser.init) is no input
-        init = PT["cocondenser"]["init"]
+    if encoder_is_stage_one(wildcards.method):
+        init = PT["cocondenser"]["init"]  # a hub id is no input
         return local_paths(init) if init else [condenser_model()]
     if wildcards.method in CORPUS_PRETRAINED:
         return [
@@ -12,10 +10,17 @@ def pretrained_encoder(wildcards):
     return []
 
 
+def encoder_is_stage_one(method):
+    """The method fine-tunes the stage-one Condenser itself (condenser: no corpus stage), which is
+    pretrain.cocondenser.init or the model pretrain_generic trains here."""
+    record = METHOD_RECORDS.get(method)
+    return record is not None and record.encoder == "generic"
+
+
 def method_init(wildcards):
     """The checkpoint a method's fine-tuning starts from (method none: the initial model, INIT; a
     reference row ref-<name>: its model)."""
-    if wildcards.method == "condenser":
+    if encoder_is_stage_one(wildcards.method):
         return condenser_model()
     encoder = pretrained_encoder(wildcards)
     if encoder:
@@ -33,7 +38,7 @@ def init_fingerprint(wildcards):
         return ""
     if wildcards.method in REFERENCES:
         return content_fingerprint(REFERENCES[wildcards.method]["model"])
-    if wildcards.method == "condenser":
+    if encoder_is_stage_one(wildcards.method):
         return content_fingerprint(PT["cocondenser"]["init"])
     if pretrained_encoder(wildcards):
         return ""
@@ -178,10 +183,11 @@ def retriever_flags(wildcards):
     temperature = d[
         "temperature"
     ]  # null: the similarity's default (1 dot, 0.05 cosine) ...
-    if temperature is None and wildcards.method == "contriever":
+    record = METHOD_RECORDS.get(wildcards.method)
+    if temperature is None and record and record.pretraining_temperature:
         # ... but Contriever's rows fine-tune at "a temperature of 0.05, also used during
         # pretraining" (Contriever Appendix A): pretrain.contriever.temperature
-        temperature = PT["contriever"]["temperature"]
+        temperature = PT[wildcards.method]["temperature"]
     if temperature is not None:
         flags += f" --temperature {q(temperature)}"
     if "extra" in inputs:

@@ -1,0 +1,126 @@
+"""The methods, one record each: what the rules derive their plan from (issue 53).
+
+A record holds a method's facts that the rules, the comparison and the docs share: the paper and
+section it reproduces, whether it pre-trains on each collection (a corpus stage, its encoder at
+``<collection>/<method>/pretrain/model``), which generic (stage-one) model it starts from, the
+geometry its encoder was pre-trained in, and whether that encoder is a retriever as it is (a
+``<method>/zeroshot`` row of its own). The schema's ``methods`` list is these names
+(tests/test_plan_methods.py); docs/methods.md says what each method's loss is fed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    reproduces: str
+    # stage two: pre-trained on each collection's own text (or pretrain.*.corpus)
+    corpus_stage: bool = False
+    # the generic stage whose model it starts from (or is, for condenser): the stage-one method
+    generic: str | None = None
+    # "condenser", "contriever" or "mae": the pre-training code it runs (none: fine-tuning only)
+    family: str | None = None
+    # the pooling its encoder was pre-trained with where not the papers' [CLS] (its fine-tuning
+    # starts in it); its similarity is the dot product
+    pooling: str | None = None
+    # a control: fine-tuned as none, in this (pooling, similarity)
+    geometry: tuple[str, str] | None = None
+    # its pre-trained encoder is a retriever as it is: a <method>/zeroshot row
+    zeroshot_row: bool = False
+    # query-as-context: the method whose stage and stage-one model it shares
+    qac_of: str | None = None
+    # its rows fine-tune at its pre-training temperature (pretrain.<name>.temperature) when the
+    # fine-tuning section sets none
+    pretraining_temperature: bool = False
+
+    @property
+    def encoder(self) -> str | None:
+        """Where its fine-tuning starts: ``corpus`` (its corpus stage's model), ``generic`` (the
+        stage-one model itself: condenser) or None (the initial model)."""
+        if self.corpus_stage:
+            return "corpus"
+        return "generic" if self.generic else None
+
+
+METHODS = (
+    Method("none", "the initial model fine-tuned with no pre-training (every paper's baseline rows)"),
+    Method(
+        "none-mean",
+        "none in Contriever's geometry (mean pooling, dot product): the contriever row's control",
+        geometry=("mean", "dot"),
+    ),
+    Method(
+        "condenser",
+        "Condenser (Gao and Callan 2021) section 3.3, eq. 9-11",
+        generic="condenser",
+        family="condenser",
+    ),
+    Method(
+        "cocondenser",
+        "coCondenser (Gao and Callan 2022) sections 3.2-3.3, eq. 6-12",
+        corpus_stage=True,
+        generic="condenser",
+        family="condenser",
+    ),
+    Method(
+        "contriever",
+        "Contriever (Izacard et al. 2022) section 3, Appendix A",
+        corpus_stage=True,
+        family="contriever",
+        pooling="mean",
+        zeroshot_row=True,
+        pretraining_temperature=True,  # Appendix A: "a temperature of 0.05, also used during pretraining"
+    ),
+    Method(
+        "bmae",
+        "CDMAE paper section 3.1 (the bottlenecked MAE)",
+        corpus_stage=True,
+        generic="bmae",
+        family="mae",
+    ),
+    Method(
+        "cdmae",
+        "CDMAE (Li et al.) section 3.2, Algorithm 1",
+        corpus_stage=True,
+        generic="cdmae",
+        family="mae",
+    ),
+    Method(
+        "cotmae",
+        "CoT-MAE; query-as-context paper section 2.2",
+        corpus_stage=True,
+        generic="cotmae",
+        family="mae",
+    ),
+    Method(
+        "qac-cocondenser",
+        "query-as-context (Wu et al. 2023) sections 3.2, 4.1",
+        corpus_stage=True,
+        generic="condenser",
+        family="condenser",
+        qac_of="cocondenser",
+    ),
+    Method(
+        "qac-cotmae",
+        "query-as-context (Wu et al. 2023) section 3.2",
+        corpus_stage=True,
+        generic="cotmae",
+        family="mae",
+        qac_of="cotmae",
+    ),
+)
+BY_NAME = {m.name: m for m in METHODS}
+
+# What the rules read, derived from the records.
+ZEROSHOT_METHODS = [m.name for m in METHODS if m.zeroshot_row]
+PRETRAINED_POOLING = {m.name: m.pooling for m in METHODS if m.pooling}
+GEOMETRY_CONTROLS = {m.name: m.geometry for m in METHODS if m.geometry}
+CORPUS_PRETRAINED = [m.name for m in METHODS if m.corpus_stage]
+MAE_METHODS = [m.name for m in METHODS if m.family == "mae" and not m.qac_of]
+# every method that runs the MAE stage, and every method of coCondenser's corpus stage
+MAE_STAGE_METHODS = [m.name for m in METHODS if m.family == "mae"]
+COCONDENSER_STAGE_METHODS = [m.name for m in METHODS if m.family == "condenser" and m.corpus_stage]
+QAC_METHODS = {m.name: m.qac_of for m in METHODS if m.qac_of}
