@@ -18,10 +18,12 @@ def selects_settings():
 def selection_file(wildcards):
     """The selection.json that r1 and r2 of a method and seed read, when a grid chooses."""
     if wildcards.trained in ("r1", "r2") and selects_settings():
-        seed = result_path(
-            wildcards.collection, wildcards.method, f"seed-{wildcards.seed}"
-        )
-        return [f"{seed}/select/selection.json"]
+        seed = plan_rows.seed_folder(wildcards.seed)
+        return [
+            result_path(
+                wildcards.collection, wildcards.method, seed, "select", "selection.json"
+            )
+        ]
     return []
 
 
@@ -62,11 +64,11 @@ def heldout_chooser_inputs(wildcards):
     """What a selection.json is chosen from: every grid point's (or the model off the shelf's)
     held-out metrics and run, and BM25's held-out run when a fused row needs a weight.
     """
-    base = result_path(wildcards.collection, wildcards.method)
-    if wildcards.chooser == "zeroshot":
-        runs = [f"{base}/zeroshot/heldout"]
+    c, m = wildcards.collection, wildcards.method
+    if wildcards.chooser == plan_rows.ZEROSHOT:
+        runs = [result_path(c, m, plan_rows.ZEROSHOT, "heldout")]
     else:
-        runs = [f"{base}/{wildcards.chooser}/{p}/heldout" for p in POINTS]
+        runs = [result_path(c, m, wildcards.chooser, p, "heldout") for p in POINTS]
     out = {
         "metrics": [f"{r}/metrics.parquet" for r in runs],
         "runs": [f"{r}/run.parquet" for r in runs],
@@ -88,7 +90,9 @@ def chooses_weight(chooser):
     if FUSION["method"] != "convex":
         return False
     rows = set(FUSION["rows"])
-    return "zeroshot" in rows if chooser == "zeroshot" else bool(rows - {"zeroshot"})
+    if chooser == plan_rows.ZEROSHOT:
+        return plan_rows.ZEROSHOT in rows
+    return bool(rows - {plan_rows.ZEROSHOT})
 
 
 def chooser_flags(wildcards):
@@ -111,10 +115,10 @@ def chooser_flags(wildcards):
 def fused_inputs(wildcards):
     """The dense run, BM25's run of the same queries and, for the convex combination, the
     selection.json holding the weight chosen on held-out queries."""
-    base = result_path(wildcards.collection)
+    c = wildcards.collection
     out = {
-        "dense": f"{base}/{wildcards.method}/{wildcards.fused}/run.parquet",
-        "bm25": f"{base}/bm25/run.parquet",
+        "dense": result_path(c, wildcards.method, wildcards.fused, "run.parquet"),
+        "bm25": result_path(c, plan_rows.BM25, "run.parquet"),
     }
     if FUSION["method"] == "convex":
         out["selection"] = fusion_selection(wildcards)

@@ -36,16 +36,12 @@ import numpy as np
 import pandas as pd
 
 from dprflow.plan import rows as plan_rows
+from dprflow.plan.rows import sort_key as system_sort_key
 from dprflow.plan.rows import split_seed
 
 # The long table's leading columns (then training_collection and the significance columns).
 ROW_COLUMNS = ["collection", "system", "metric", "value", "std", "n_seeds", "seeds", "n_queries"]
 ALPHA = 0.05
-
-
-def system_sort_key(system: str, methods: list[str]) -> tuple:
-    """The table's order of rows (dprflow.plan.rows.sort_key)."""
-    return plan_rows.sort_key(system, methods)
 
 
 def holm(pvalues: list[float]) -> list[float]:

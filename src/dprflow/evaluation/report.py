@@ -88,7 +88,7 @@ def row_artifacts(results: Path, collection: str, system: str, trained_on: str =
         folders = sorted((results / home / method).glob(plan_rows.seed_folder("*") + f"/{stage}"))
     transfer = home != collection
     if transfer:
-        folders = [Path(plan_rows.transfer(str(folder), collection)) for folder in folders]
+        folders = [folder / plan_rows.transfer_folder(collection) for folder in folders]
     paths = sorted(
         p
         for folder in folders

@@ -57,9 +57,14 @@ def fused(row: str) -> str:
     return row + FUSED_SUFFIX
 
 
+def transfer_folder(target: str) -> str:
+    """``on-<target>``: the folder, beside a row's own files, of its scores on ``target``."""
+    return f"{TRANSFER_PREFIX}{target}"
+
+
 def transfer(row: str, target: str) -> str:
     """``<row>/on-<target>``: a row scored on another collection than its own."""
-    return f"{row}/{TRANSFER_PREFIX}{target}"
+    return f"{row}/{transfer_folder(target)}"
 
 
 def split_transfer(name: str) -> tuple[str, str | None]:
@@ -111,12 +116,12 @@ def sort_key(name: str, methods: list[str]) -> tuple:
     return (1, m, s, stage.endswith(FUSED_SUFFIX), name)
 
 
-def system_pattern(stages: tuple[str, ...] = STAGES) -> str:
+def system_pattern() -> str:
     """The regular expression of every row name (a Snakemake wildcard's constraint): ``bm25``,
     ``<method>/zeroshot`` or ``<method>/seed-<seed>/<stage>``, each of the last two fused or not,
     scored on its own collection or another."""
     return (
-        f"{BM25}|{NAME}/({ZEROSHOT}|{SEED_PREFIX}[0-9]+/({'|'.join(stages)}))"
+        f"{BM25}|{NAME}/({ZEROSHOT}|{SEED_PREFIX}[0-9]+/({'|'.join(STAGES)}))"
         f"({re.escape(FUSED_SUFFIX)})?{transfer_pattern()}"
     )
 
