@@ -20,6 +20,10 @@ from dprflow.data.schemas import write_table
 # mode set it themselves (monkeypatch.setenv).
 for _variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.pop(_variable, None)
+# Set as every stage sets it (dprflow.progress.quiet_hugging_face): a stage run inside a test would
+# otherwise set it part-way through the suite, and the workflow runs after it would start a second
+# job server for the changed environment (tests/job_server.py; 7 s of CPU each).
+os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
 
 # `make test` runs the suite in two processes (pytest-xdist, a test file at a time on each): one
 # BLAS thread per process keeps the two from oversubscribing a 2-core machine. Stages that tests
