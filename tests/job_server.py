@@ -331,18 +331,17 @@ def serve(sock: str) -> None:
 _servers: dict[str, tuple[subprocess.Popen, Path]] = {}
 
 
-def job_environment(env: Mapping[str, str] | None = None, wait: bool = False) -> dict[str, str]:
+def job_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``env`` (default: this process's) with the folder of its server's shim first on PATH, the
-    server started on first use; unchanged with ``DPRFLOW_TEST_REAL_PYTHON=1``. With ``wait``,
-    once the server answers: until then jobs go to real interpreters, whose imports of torch and
+    server started on first use and waited for; unchanged with ``DPRFLOW_TEST_REAL_PYTHON=1``.
+    Until the server answers, jobs go to real interpreters, whose imports of torch and
     transformers compete with the server's own (on 2 cores the tiny run's first three jobs took
     22 s that way, about 4 s served)."""
     env = dict(os.environ if env is None else env)
     if os.environ.get("DPRFLOW_TEST_REAL_PYTHON") == "1":
         return env
     _, folder = _server(env)
-    if wait:
-        wait_until_serving(env)
+    wait_until_serving(env)
     env["PATH"] = f"{folder}{os.pathsep}{env.get('PATH', '')}"
     return env
 

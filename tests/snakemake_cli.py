@@ -119,7 +119,11 @@ def snakemake(
         return run(args, env, cwd)
     from job_server import job_environment
 
-    env = job_environment(env, wait=True)
     return subprocess.run(
-        [str(command[0]), *args], capture_output=True, text=True, timeout=3600, env=env, cwd=cwd
+        [str(command[0]), *args],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env=job_environment(env),
+        cwd=cwd,
     )

@@ -18,15 +18,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+import job_server
+
 ROOT = Path(__file__).resolve().parents[1]
-# Imported once by the server; each stage module imports the rest of what it needs (pandas and
-# pyarrow were most of what the children still imported: 21 s of the suite's CPU).
+# Imported once by the server: the job server's packages (pandas and pyarrow were most of what
+# the children still imported, 21 s of the suite's CPU), then the model and the dprflow modules
+# most stages import; each stage module imports the rest of what it needs.
 PRELOAD = [
-    "torch",
-    "transformers",
+    *job_server.PRELOAD,
     "transformers.models.bert.modeling_bert",
-    "pandas",
-    "pyarrow.parquet",
     "dprflow.training.trainer",
     "dprflow.finetuning.examples",
     "dprflow.pretraining.documents",
