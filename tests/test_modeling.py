@@ -10,6 +10,7 @@ from transformers import AutoModel, BertConfig, BertModel
 from dprflow.finetuning.biencoder import BiEncoder
 from dprflow.finetuning.cross_encoder import CrossEncoder
 from dprflow.models.pooling import pool
+from dprflow.training.batches import length_groups
 
 TINY = dict(vocab_size=100, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
 INPUTS = {
@@ -117,6 +118,69 @@ def test_biencoder_trains_and_freezes_the_unused_pooler():
     assert all(not prm.requires_grad for prm in model.query_model.pooler.parameters())
     grads = [prm.grad for prm in model.parameters() if prm.requires_grad]
     assert grads and all(g is not None for g in grads)  # no unused trainable parameter (DDP-safe)
+
+
+def _ragged_batch(rows: int, width: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Right-padded rows of random lengths 2..width, as a tokenizer pads a contrastive batch."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, width + 1, (rows,), generator=g)
+    lengths[0] = width
+    mask = (torch.arange(width) < lengths[:, None]).long()
+    ids = torch.randint(4, 100, (rows, width), generator=g) * mask
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_training_encodes_rows_by_length_with_the_whole_batch_s_embeddings_and_gradients(pooling):
+    """In training, a batch's rows are encoded in groups of similar length (less padding): with
+    dropout off, the embeddings and the gradients are the whole batch's (in float64: in float32
+    the whole batch's own gradients move by more than that when its rows are permuted)."""
+    batch = _ragged_batch(32, 40)
+    assert length_groups(batch["attention_mask"].sum(1).tolist(), 40) is not None  # it does group
+    results = []
+    for grouped in (False, True):
+        model = BiEncoder(tiny_bert().double(), pooling=pooling)
+        for module in model.modules():  # dropout off, so both passes draw nothing
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        model.train(grouped)  # eval mode encodes whole
+        _, p = model(None, batch)
+        (p * torch.linspace(-1, 1, p.numel(), dtype=p.dtype).view_as(p)).sum().backward()
+        grads = {n: prm.grad.clone() for n, prm in model.named_parameters() if prm.grad is not None}
+        results.append((p.detach(), grads))
+    (whole, whole_grads), (grouped, grouped_grads) = results
+    assert torch.allclose(grouped, whole, atol=1e-10)
+    assert whole_grads.keys() == grouped_grads.keys()
+    for name, grad in whole_grads.items():
+        assert torch.allclose(grouped_grads[name], grad, atol=1e-10, rtol=1e-7), name
+
+
+def test_length_groups_sort_cut_and_round():
+    lengths = [40, 3, 9, 17, 5, 33, 2, 8] * 4  # 32 rows
+    groups = length_groups(lengths, 40)
+    assert [len(rows) for rows, _ in groups] == [8, 8, 8, 8]
+    assert sorted(i for rows, _ in groups for i in rows) == list(range(32))
+    assert [length for _, length in groups] == [8, 8, 24, 40]  # longest of each, up to a multiple of 8
+    for rows, length in groups:
+        assert max(lengths[i] for i in rows) <= length
+    assert length_groups([40] * 32, 40) is None  # nothing to save
+    assert length_groups(lengths[:15], 40) is None  # too few rows for two groups of 8
+    assert [len(r) for r, _ in length_groups(lengths[:20], 40)] == [10, 10]
+    assert [length for _, length in length_groups(lengths, 40, multiple=1)] == [3, 8, 17, 40]
+
+
+def test_left_padded_or_odd_batches_are_encoded_whole():
+    batch = _ragged_batch(32, 40)
+    left = {key: value.flip(1) for key, value in batch.items()}
+    model = BiEncoder(tiny_bert())
+    with torch.no_grad():
+        model.eval()
+        expected = model.encode_passage(**left)
+        model.train()
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        assert torch.equal(model.encode_passage(**left), expected)  # one call, the same shapes
 
 
 def test_cross_encoder_from_plain_encoder_logs_new_head_and_round_trips(tmp_path, caplog):

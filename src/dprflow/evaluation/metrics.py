@@ -65,6 +65,18 @@ def parse_metrics(names: list[str]) -> list:
     return measures
 
 
+def nested(table: pd.DataFrame, value: str) -> dict[str, dict[str, object]]:
+    """``{query_id: {doc_id: value}}`` of a run or qrels table, the form ir_measures converts a
+    DataFrame to (a later row of the same pair wins there too), built from whole columns: its
+    conversion iterated Arrow-backed columns row by row, 60% of an evaluation's time."""
+    out: dict[str, dict[str, object]] = {}
+    for qid, did, v in zip(
+        table["query_id"].tolist(), table["doc_id"].tolist(), table[value].tolist(), strict=True
+    ):
+        out.setdefault(qid, {})[did] = v
+    return out
+
+
 def evaluate_run(
     doc_run: pd.DataFrame, qrels: pd.DataFrame, query_ids: list[str], metrics: list[str]
 ) -> pd.DataFrame:
@@ -89,7 +101,8 @@ def evaluate_pieces(
         if run.empty:
             continue
         these = set(run["query_id"])
-        for metric in ir_measures.iter_calc(measures, qrels[qrels["query_id"].isin(these)], run):
+        judgments = nested(qrels[qrels["query_id"].isin(these)], "relevance")
+        for metric in ir_measures.iter_calc(measures, judgments, nested(run, "score")):
             values[(metric.query_id, str(metric.measure))] = float(metric.value)
         answered |= these
     unanswered = len(wanted - answered)

@@ -48,6 +48,7 @@ from dprflow.models import st_format
 from dprflow.models.init import resolve_model, tokenizer_from_folder
 from dprflow.models.pooling import check_pooling, pool
 from dprflow.models.st_format import SIMILARITIES, check_choice, default_temperature
+from dprflow.training.batches import length_groups
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +164,23 @@ def _read_config(path: Path) -> dict[str, Any]:
         raise ValueError(f"{file}: line {exc.lineno}: not valid JSON ({exc.msg})") from exc
 
 
+def _length_groups(tokenized: Mapping[str, torch.Tensor]) -> list[tuple[torch.Tensor, int]] | None:
+    """Groups of rows to encode apart (row indices, padded length), or None: only a batch of
+    ``[B, L]`` tensors padded on the right (a left-padding tokenizer's batch stays whole)."""
+    mask = tokenized.get("attention_mask")
+    if mask is None or mask.dim() != 2:
+        return None
+    if any(not isinstance(v, torch.Tensor) or v.shape != mask.shape for v in tokenized.values()):
+        return None
+    lengths = mask.sum(dim=1)
+    if not torch.equal(mask != 0, torch.arange(mask.size(1), device=mask.device) < lengths[:, None]):
+        return None
+    groups = length_groups(lengths.tolist(), mask.size(1))
+    if groups is None:
+        return None
+    return [(torch.tensor(rows, device=mask.device), length) for rows, length in groups]
+
+
 class BiEncoder(nn.Module):
     """Query and passage encoders with pooling: ``q = pool(f_q(query))``, ``p = pool(f_p(passage))``.
 
@@ -224,6 +242,21 @@ class BiEncoder(nn.Module):
         )
 
     def _encode(self, model: nn.Module, tokenized: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """``[B, H]`` embeddings; in training, rows of similar length are encoded together
+        (:func:`~dprflow.training.batches.length_groups`: the same embeddings with less padding)."""
+        groups = _length_groups(tokenized) if self.training else None
+        if groups is None:
+            return self._encode_rows(model, tokenized)
+        parts = [
+            self._encode_rows(model, {key: value[rows, :length] for key, value in tokenized.items()})
+            for rows, length in groups
+        ]
+        order = torch.cat([rows for rows, _ in groups])
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order), device=order.device)
+        return torch.cat(parts)[inverse]
+
+    def _encode_rows(self, model: nn.Module, tokenized: Mapping[str, torch.Tensor]) -> torch.Tensor:
         hidden = model(**tokenized, return_dict=True).last_hidden_state  # [B, L, H]
         mask = tokenized.get("attention_mask")
         if mask is None:

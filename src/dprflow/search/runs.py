@@ -58,9 +58,14 @@ def write_run_pieces(
 def trec_lines(run: pd.DataFrame, id_column: str, tag: str) -> list[str]:
     """TREC run lines of ``run`` (``query_id``, ``id_column``, ``score``, ``rank``); scores at 9
     significant digits, so a float32 score reads back exactly and ties stay ties."""
+    columns = (  # as Python lists: iterating Arrow-backed columns row by row is 10x slower
+        run["query_id"].tolist(),
+        run[id_column].tolist(),
+        run["score"].to_numpy(dtype=np.float64).tolist(),
+        run["rank"].tolist(),
+    )
     return [
-        f"{qid} Q0 {pid} {rank} {float(score):.9g} {tag}\n"
-        for qid, pid, score, rank in run[["query_id", id_column, "score", "rank"]].itertuples(index=False)
+        f"{qid} Q0 {pid} {rank} {score:.9g} {tag}\n" for qid, pid, score, rank in zip(*columns, strict=True)
     ]
 
 
