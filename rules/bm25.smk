@@ -11,6 +11,8 @@ rule bm25_index:
         f"{LOGS}/{{collection}}/bm25_index.log",
     benchmark:
         f"{BENCHMARKS}/{{collection}}/bm25_index.tsv"
+    # on the longest chain (negatives, trainings): ahead of other ready jobs, e.g. zero-shot encoding
+    priority: 1
     conda:
         "../envs/bm25.yaml"
     threads: 2
@@ -66,6 +68,8 @@ rule bm25_negatives:
         f"{LOGS}/{{collection}}/bm25_negatives.log",
     benchmark:
         f"{BENCHMARKS}/{{collection}}/bm25_negatives.tsv"
+    # on the longest chain (negatives, trainings): ahead of other ready jobs, e.g. zero-shot encoding
+    priority: 1
     conda:
         "../envs/bm25.yaml"
     threads: 2

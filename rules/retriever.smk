@@ -22,6 +22,8 @@ rule train_retriever:
         f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/train_retriever_{{trained}}.log",
     benchmark:
         f"{BENCHMARKS}/{{collection}}/{{method}}/seed-{{seed}}/train_retriever_{{trained}}.tsv"
+    # on the longest chain (negatives, trainings): ahead of other ready jobs, e.g. zero-shot encoding
+    priority: 1
     conda:
         "../envs/training.yaml"
     threads: 2
