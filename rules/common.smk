@@ -11,7 +11,6 @@
 import copy
 import json
 import os
-import re
 import shlex
 from pathlib import Path
 
@@ -30,7 +29,12 @@ from dprflow.plan.methods import (
 )
 from dprflow.plan.rows import STAGES, is_dense, split_transfer
 from dprflow.models.init import MLM_INIT
-from dprflow.provenance import local_sha256
+from dprflow.plan.pretrain import (
+    TOKEN_VIEWS,
+    PretrainPlan,
+    content_fingerprint,
+    local_paths,
+)
 from dprflow.rule_flags import (
     RESOURCE_SETTINGS,
     generic_corpus_flags,
@@ -82,13 +86,6 @@ def result_path(*parts):
     return "/".join([RESULTS, *map(str, parts)])
 
 
-def local_paths(*values):
-    """The settings among ``values`` that name an existing local file or folder, as inputs of the
-    rules that read them (a changed or missing one then reruns or fails like any input); a hub id
-    or a packaged model's name is not a path and is left out."""
-    return [v for v in values if v and os.path.exists(v)]
-
-
 # The initial model, resolved here once: every rule that starts from model.init reads INIT.
 # model.init mlm names the MLM base (a BERT pre-trained here from random weights with BERT's
 # masked language model, rule pretrain_mlm), whose folder is MLM_MODEL; the rules that only
@@ -122,16 +119,6 @@ def model_init_input(wildcards):
 def tokenizer_init_input(wildcards):
     """The initial model's tokenizer (INIT_TOKENIZER) when it is a local folder."""
     return local_paths(INIT_TOKENIZER)
-
-
-def content_fingerprint(*values):
-    """The SHA-256 of each setting among ``values`` that names a local file or folder, as a param
-    of the rules that read it: Snakemake reruns a job whose params changed, and a folder input
-    alone does not rerun anything when a file inside it is edited (the folder's own mtime does
-    not change). Hashes are kept in .snakemake/ keyed by the files' sizes and mtimes, so the
-    content is read again only after a change (nothing is written beside the user's folder).
-    """
-    return " ".join(f"{p}={local_sha256(p)}" for p in local_paths(*values))
 
 
 def model_init_fingerprint(wildcards):

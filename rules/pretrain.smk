@@ -3,7 +3,16 @@
 # documents; the masked auto-encoders (below). Every method reads its corpus from a token store
 # (rule pretrain_tokenize): the corpus tokenized once per tokenizer and view, memory-mapped.
 
-TOKEN_VIEWS = ["documents", "passages", "document-sentences", "texts", "text-sentences"]
+# Their inputs and flags: dprflow.plan.pretrain (tested in tests/test_plan_pretrain.py).
+PRETRAIN = PretrainPlan(config, SCHEMA, RESULTS, INIT_TOKENIZER)
+
+
+def cocondenser_init_input(wildcards):
+    """The stage-one Condenser as an input of stage two: pretrain.cocondenser.init when it is a
+    local folder (a hub id is no input), else the model pretrain_generic trains here."""
+    if PT["cocondenser"]["init"]:
+        return local_paths(PT["cocondenser"]["init"])
+    return rules.pretrain_generic.output.model
 
 
 wildcard_constraints:
@@ -11,25 +20,11 @@ wildcard_constraints:
     tokenizer="[A-Za-z0-9._-]+",
 
 
-# The tokenizers stores are written with: the initial model's (INIT_TOKENIZER), stage two's given
-# Condenser's (pretrain.cocondenser.init), the MAE corpus stage's start and the MLM base's.
-TOKENIZERS = {
-    tokenizer_key(name): name
-    for name in [
-        INIT_TOKENIZER,
-        PT["cocondenser"]["init"],
-        PT["mae"]["corpus_init"],
-        MLM["tokenizer"],
-    ]
-    if name
-}
-
-
 rule pretrain_tokenize:
     input:
         code=stage_code("pretrain_tokenize"),
-        tokenizer=tokenizer_input,
-        corpus=tokenize_corpus_input,
+        tokenizer=PRETRAIN.tokenizer_input,
+        corpus=PRETRAIN.corpus_texts_input,
     output:
         tokens=directory(f"{RESULTS}/{{corpus}}/tokens/{{tokenizer}}/{{view}}"),
     log:
@@ -43,8 +38,8 @@ rule pretrain_tokenize:
         mem_mb=2000,
         runtime=240,
     params:
-        flags=tokenize_flags,
-        fingerprint=tokenizer_fingerprint,
+        flags=PRETRAIN.tokenize_flags,
+        fingerprint=PRETRAIN.tokenizer_fingerprint,
     shell:
         "python -m dprflow.stages.pretrain_tokenize {params.flags} --view {wildcards.view:q}"
         " --out {output.tokens:q} > {log:q} 2>&1"
@@ -57,9 +52,9 @@ rule pretrain_tokenize:
 rule pretrain_mlm:
     input:
         code=stage_code("pretrain_mlm"),
-        tokenizer=mlm_tokenizer_input,
-        corpus=generic_corpus_input,
-        tokens=mlm_tokens,
+        tokenizer=PRETRAIN.mlm_tokenizer_input,
+        corpus=PRETRAIN.generic_corpus_input,
+        tokens=PRETRAIN.mlm_tokens,
     output:
         model=directory(MLM_MODEL),
     log:
@@ -77,9 +72,9 @@ rule pretrain_mlm:
         log_every=config["training"]["log_every"],
         num_workers=config["training"]["num_workers"],
     params:
-        fingerprint=mlm_tokenizer_fingerprint,
+        fingerprint=PRETRAIN.mlm_tokenizer_fingerprint,
         launch=training_launcher,
-        flags=pretrain_mlm_flags,
+        flags=PRETRAIN.pretrain_mlm_flags,
         checkpoints=f"{RESULTS}/pretrain/mlm/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.pretrain_mlm --out {output.model:q} --tokens {input.tokens:q}"
@@ -90,8 +85,8 @@ rule pretrain_generic:
     input:
         code=stage_code("pretrain_generic"),
         init=model_init_input,
-        corpus=generic_corpus_input,
-        tokens=condenser_tokens,
+        corpus=PRETRAIN.generic_corpus_input,
+        tokens=PRETRAIN.condenser_tokens,
     output:
         model=directory(f"{RESULTS}/pretrain/condenser/generic/model"),
     log:
@@ -112,7 +107,7 @@ rule pretrain_generic:
         fingerprint=model_init_fingerprint,
         launch=training_launcher,
         init=INIT,
-        flags=pretrain_generic_flags,
+        flags=PRETRAIN.pretrain_generic_flags,
         checkpoints=f"{RESULTS}/pretrain/condenser/generic/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.pretrain_generic --init {params.init:q} --out {output.model:q}"
@@ -123,9 +118,9 @@ rule pretrain_corpus:
     input:
         code=stage_code("pretrain_corpus"),
         init=cocondenser_init_input,
-        passages=corpus_stage_passages,
-        tokens=cocondenser_tokens,
-        queries=qac_queries_input,
+        passages=PRETRAIN.corpus_stage_passages,
+        tokens=PRETRAIN.cocondenser_tokens,
+        queries=PRETRAIN.qac_queries_input,
     output:
         model=directory(f"{RESULTS}/{{collection}}/{{cocondenser}}/pretrain/model"),
     log:
@@ -143,10 +138,10 @@ rule pretrain_corpus:
         log_every=config["training"]["log_every"],
         num_workers=config["training"]["num_workers"],
     params:
-        fingerprint=cocondenser_init_fingerprint,
+        fingerprint=PRETRAIN.cocondenser_init_fingerprint,
         launch=training_launcher,
         init=condenser_model(),
-        flags=pretrain_corpus_flags,
+        flags=PRETRAIN.pretrain_corpus_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{cocondenser}}/pretrain/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.pretrain_corpus --init {params.init:q} --passages {input.passages:q}"
@@ -158,8 +153,8 @@ rule pretrain_contriever:
     input:
         code=stage_code("pretrain_contriever"),
         init=model_init_input,
-        corpus=contriever_corpus_input,
-        tokens=contriever_tokens,
+        corpus=PRETRAIN.contriever_corpus_input,
+        tokens=PRETRAIN.contriever_tokens,
     output:
         model=directory(f"{RESULTS}/{{collection}}/contriever/pretrain/model"),
     log:
@@ -180,7 +175,7 @@ rule pretrain_contriever:
         fingerprint=model_init_fingerprint,
         launch=training_launcher,
         init=INIT,
-        flags=pretrain_contriever_flags,
+        flags=PRETRAIN.pretrain_contriever_flags,
         checkpoints=f"{RESULTS}/{{collection}}/contriever/pretrain/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.pretrain_contriever --init {params.init:q}"
@@ -196,7 +191,7 @@ rule pretrain_contriever:
 rule pmi_count:
     input:
         code=stage_code("pmi_count"),
-        corpus=pmi_corpus_input,
+        corpus=PRETRAIN.corpus_texts_input,
     output:
         counts=temp(f"{RESULTS}/{{corpus}}/pmi/counts/{{shard}}.parquet"),
     log:
@@ -207,10 +202,10 @@ rule pmi_count:
         "../envs/collections.yaml"
     threads: 1
     resources:
-        mem_mb=pmi_count_mem_mb,
+        mem_mb=PRETRAIN.pmi_count_mem_mb,
         runtime=120,
     params:
-        flags=pmi_count_flags,
+        flags=PRETRAIN.pmi_count_flags,
     shell:
         "python -m dprflow.stages.pmi_count {params.flags} --shard {wildcards.shard:q}"
         " --out {output.counts:q} > {log:q} 2>&1"
@@ -219,7 +214,7 @@ rule pmi_count:
 rule pmi:
     input:
         code=stage_code("pmi"),
-        counts=pmi_shard_files,
+        counts=PRETRAIN.pmi_shard_files,
     output:
         stats=f"{RESULTS}/{{corpus}}/pmi/ngram_counts.parquet",
     log:
@@ -243,9 +238,9 @@ rule pretrain_mae_generic:
     input:
         code=stage_code("pretrain_mae"),
         init=model_init_input,
-        corpus=generic_corpus_input,
-        pmi=mae_generic_pmi,
-        tokens=mae_generic_tokens,
+        corpus=PRETRAIN.generic_corpus_input,
+        pmi=PRETRAIN.mae_generic_pmi,
+        tokens=PRETRAIN.mae_generic_tokens,
     output:
         model=directory(f"{RESULTS}/pretrain/{{mae}}/generic/model"),
     log:
@@ -266,7 +261,7 @@ rule pretrain_mae_generic:
         fingerprint=model_init_fingerprint,
         launch=training_launcher,
         init=INIT,
-        flags=mae_generic_flags,
+        flags=PRETRAIN.mae_generic_flags,
         checkpoints=f"{RESULTS}/pretrain/{{mae}}/generic/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.pretrain_mae --variant {wildcards.mae:q} --init {params.init:q}"
@@ -277,11 +272,11 @@ rule pretrain_mae_generic:
 rule pretrain_mae_corpus:
     input:
         code=stage_code("pretrain_mae"),
-        init=mae_generic_model,
-        passages=corpus_stage_passages,
-        pmi=mae_corpus_pmi,
-        tokens=mae_corpus_tokens,
-        queries=qac_queries_input,
+        init=PRETRAIN.mae_generic_model,
+        passages=PRETRAIN.corpus_stage_passages,
+        pmi=PRETRAIN.mae_corpus_pmi,
+        tokens=PRETRAIN.mae_corpus_tokens,
+        queries=PRETRAIN.qac_queries_input,
     output:
         model=directory(f"{RESULTS}/{{collection}}/{{mae_method}}/pretrain/model"),
     log:
@@ -300,9 +295,9 @@ rule pretrain_mae_corpus:
         num_workers=config["training"]["num_workers"],
     params:
         launch=training_launcher,
-        variant=mae_variant,
-        init=mae_corpus_init,
-        flags=mae_corpus_flags,
+        variant=PRETRAIN.mae_variant,
+        init=PRETRAIN.mae_corpus_init,
+        flags=PRETRAIN.mae_corpus_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{mae_method}}/pretrain/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.pretrain_mae --variant {params.variant:q} --init {params.init:q}"

@@ -78,8 +78,22 @@ NEVER_IMPORTS = {
     "pretraining": ("dprflow.finetuning",),
     "models": ("dprflow.pretraining", "dprflow.finetuning", "dprflow.training"),
     "config.py": ("dprflow.finetuning",),
-    # the rows' grammar: what the rules, the comparison and the report share, standing on nothing
-    "plan": ("dprflow.",),
+    # the rows' grammar and the methods' records: what the rules, the comparison and the report
+    # share, standing on nothing
+    "plan/rows.py": ("dprflow.",),
+    "plan/methods.py": ("dprflow.",),
+    # the rest of the plan (the rules' inputs and flags) is read when the DAG is built: no model,
+    # training, search or evaluation code
+    "plan": (
+        "dprflow.models",
+        "dprflow.training",
+        "dprflow.finetuning",
+        "dprflow.pretraining",
+        "dprflow.stages",
+        "dprflow.search",
+        "dprflow.evaluation",
+        "dprflow.data",
+    ),
 }
 
 

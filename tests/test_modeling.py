@@ -7,10 +7,9 @@ import pytest
 import torch
 from transformers import AutoModel, BertConfig, BertModel
 
-from dprflow.finetuning.biencoder import BiEncoder
+from dprflow.finetuning.biencoder import BiEncoder, length_groups
 from dprflow.finetuning.cross_encoder import CrossEncoder
 from dprflow.models.pooling import pool
-from dprflow.training.batches import length_groups
 
 TINY = dict(vocab_size=100, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
 INPUTS = {

@@ -207,48 +207,6 @@ def _take(value: Any, k: int, i: int) -> Any:
     return value
 
 
-# Rows of a batch encoded in groups of similar length (:func:`length_groups`): at most this many
-# groups, of at least this many rows, each padded to a multiple of this (a GPU's tensor cores).
-LENGTH_GROUPS = 4
-LENGTH_GROUP_ROWS = 8
-LENGTH_GROUP_MULTIPLE = 8
-
-
-def length_groups(
-    lengths: Sequence[int],
-    width: int,
-    max_groups: int = LENGTH_GROUPS,
-    min_rows: int = LENGTH_GROUP_ROWS,
-    multiple: int = LENGTH_GROUP_MULTIPLE,
-    min_saving: float = 0.1,
-) -> list[tuple[list[int], int]] | None:
-    """The rows of a right-padded ``[B, width]`` batch in groups of similar length, each with the
-    length it is padded to, when that saves at least ``min_saving`` of the batch's padded tokens;
-    else None (encode the batch whole).
-
-    A contrastive batch draws its passages at random, so the longest sets the padding of all: on
-    the default run's passages (mean 65 tokens, cut at 144) 64 rows pad to about 9,200 tokens, and
-    four groups of 16 sorted by length to about 5,300. The rows are sorted by length (stable) and
-    cut into ``min(max_groups, B // min_rows)`` runs of near-equal size; a group's length is its
-    longest row rounded up to ``multiple``, at most ``width``. Encoding each group apart gives every
-    row the same tokens, positions and attention as the whole batch (padding is masked): the same
-    embeddings up to float rounding, with other dropout draws (the shapes differ).
-    """
-    n = len(lengths)
-    k = min(max_groups, n // max(min_rows, 1))
-    if k < 2 or width <= 0:
-        return None
-    order = sorted(range(n), key=lambda i: lengths[i])
-    groups = []
-    for g in range(k):
-        rows = order[g * n // k : (g + 1) * n // k]
-        longest = max(max(lengths[i] for i in rows), 1)
-        groups.append((rows, min(width, -(-longest // multiple) * multiple)))
-    if sum(len(rows) * length for rows, length in groups) > (1 - min_saving) * n * width:
-        return None
-    return groups
-
-
 def count_tokens(batch: Any) -> int:
     """The real (unpadded) tokens of a batch: the sum of every attention mask it holds, a key
     ``attention_mask`` or ``<sequence>_attention_mask`` (Contriever's ``q_``/``k_``, the MAEs'
