@@ -41,7 +41,6 @@ validate_config(config, SCHEMA)
 include: "rules/common.smk"
 include: "rules/functions/collections.smk"
 include: "rules/collections.smk"
-include: "rules/functions/bm25.smk"
 include: "rules/bm25.smk"
 include: "rules/pretrain.smk"
 include: "rules/functions/doc2query.smk"

@@ -17,9 +17,9 @@ rule bm25_index:
         "../envs/bm25.yaml"
     threads: 2
     resources:
-        mem_mb=bm25_mem_mb,
-        runtime=bm25_runtime,
-        java_heap_mb=bm25_heap_mb,
+        mem_mb=RESOURCES.bm25_mem_mb,
+        runtime=RESOURCES.bm25_runtime,
+        java_heap_mb=RESOURCES.bm25_heap_mb,
     shell:
         "python -m dprflow.stages.bm25_index --passages {input.passages:q} --index {output.index:q}"
         " --threads {threads} --heap-mb {resources.java_heap_mb:q} > {log:q} 2>&1"
@@ -41,9 +41,9 @@ rule bm25_search:
         "../envs/bm25.yaml"
     threads: 2
     resources:
-        mem_mb=bm25_mem_mb,
-        runtime=bm25_runtime,
-        java_heap_mb=bm25_heap_mb,
+        mem_mb=RESOURCES.bm25_mem_mb,
+        runtime=RESOURCES.bm25_runtime,
+        java_heap_mb=RESOURCES.bm25_heap_mb,
     params:
         split=eval_split,
         k=config["bm25"]["hits"],
@@ -74,9 +74,9 @@ rule bm25_negatives:
         "../envs/bm25.yaml"
     threads: 2
     resources:
-        mem_mb=bm25_mem_mb,
-        runtime=bm25_runtime,
-        java_heap_mb=bm25_heap_mb,
+        mem_mb=RESOURCES.bm25_mem_mb,
+        runtime=RESOURCES.bm25_runtime,
+        java_heap_mb=RESOURCES.bm25_heap_mb,
     params:
         split=train_split,
         depth=config["bm25"]["negatives_depth"],

@@ -29,6 +29,7 @@ from dprflow.plan.methods import (
 )
 from dprflow.plan.rows import STAGES, is_dense, split_transfer
 from dprflow.models.init import MLM_INIT
+from dprflow.plan.resources import ResourceEstimates, training_launcher
 from dprflow.plan.pretrain import (
     TOKEN_VIEWS,
     PretrainPlan,
@@ -326,56 +327,5 @@ wildcard_constraints:
     corpus="[A-Za-z0-9_-]+",
 
 
-def training_launcher(wildcards, resources):
-    """How a training job starts its stage: ``python`` for one process, or ``torchrun`` with one
-    process per GPU when the job holds several (``resources: gpu``, set in a profile). The stage
-    code is the same; DDP and the cross-device gathering of negatives start from torchrun's
-    environment (dprflow.training.distributed)."""
-    gpus = int(resources.get("gpu", 0) or 0)
-    if gpus <= 1:
-        return "python"
-    return f"torchrun --standalone --nproc-per-node {q(gpus)}"
-
-
-# ---- cluster requests from config sizes --------------------------------------------------------
-# Memory (MB) and runtime (minutes) of the jobs whose needs grow with the corpus or the batch, so
-# that a paper-scale config asks a cluster for enough and the default run for little. The rates
-# are deliberately slow estimates (a busy GPU node); override any rule in a profile's
-# set-resources.
-EMBED_BYTES = 768 * 4  # one float32 vector of a BERT-base encoder
-ENCODE_PER_S = 500  # passages encoded per second
-TRAIN_SEQ_MB = 20  # host memory per sequence of a training step
-STEP_S = 2.0  # seconds per training step
-
-
-def passages_estimate(collection):
-    spec = config["collections"][collection]
-    size = spec.get("size", {}).get("passages")
-    if size:
-        return size
-    if spec.get("max_documents"):
-        return 3 * spec["max_documents"]
-    return 1_000_000
-
-
-def train_queries_estimate(collection):
-    spec = config["collections"][collection]
-    return spec.get("size", {}).get("train_queries") or max(
-        1, passages_estimate(collection) // 10
-    )
-
-
-def _train_steps(section, collection):
-    if section["max_steps"]:
-        return section["max_steps"]
-    per_epoch = train_queries_estimate(collection) // section["batch_size"] + 1
-    return section["epochs"] * per_epoch
-
-
-def _train_resources(section, collection):
-    sequences = section["batch_size"] * section.get("group_size", 1)
-    mem = int(4000 + TRAIN_SEQ_MB * sequences)
-    runtime = int(
-        30 + _train_steps(section, collection) * STEP_S * max(1, sequences / 64) / 60
-    )
-    return mem, runtime
+# What jobs ask a cluster for (memory, runtime) and how a training job starts: dprflow.plan.resources.
+RESOURCES = ResourceEstimates(config)

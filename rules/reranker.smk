@@ -22,8 +22,8 @@ rule train_reranker:
         "../envs/training.yaml"
     threads: 2
     resources:
-        mem_mb=train_reranker_mem_mb,
-        runtime=train_reranker_runtime,
+        mem_mb=RESOURCES.train_reranker_mem_mb,
+        runtime=RESOURCES.train_reranker_runtime,
         # how often to save, not what is trained: a resource, so changing it reruns nothing
         checkpoint_every=FT["checkpoint_every"],
         log_every=config["training"]["log_every"],
@@ -62,7 +62,7 @@ rule rerank:
     threads: 2
     resources:
         mem_mb=8000,
-        runtime=rerank_runtime,
+        runtime=RESOURCES.rerank_runtime,
     params:
         depth=FT["reranker"]["depth"],
         max_length=FT["reranker"]["max_length"],
@@ -94,7 +94,7 @@ rule rerank_transfer:
     threads: 2
     resources:
         mem_mb=8000,
-        runtime=rerank_runtime,
+        runtime=RESOURCES.rerank_runtime,
     params:
         depth=FT["reranker"]["depth"],
         max_length=FT["reranker"]["max_length"],

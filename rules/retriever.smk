@@ -64,8 +64,8 @@ rule encode_corpus:
         "../envs/training.yaml"
     threads: 2
     resources:
-        mem_mb=encode_mem_mb,
-        runtime=encode_runtime,
+        mem_mb=RESOURCES.encode_mem_mb,
+        runtime=RESOURCES.encode_runtime,
     params:
         fingerprint=init_fingerprint,
         flags=encoder_flags,
@@ -101,8 +101,8 @@ rule search_dense:
         "../envs/training.yaml"
     threads: 2
     resources:
-        mem_mb=search_mem_mb,
-        runtime=search_runtime,
+        mem_mb=RESOURCES.search_mem_mb,
+        runtime=RESOURCES.search_runtime,
     params:
         fingerprint=init_fingerprint,
         flags=search_flags,
@@ -143,8 +143,8 @@ rule search_eval:
         "../envs/training.yaml"
     threads: 2
     resources:
-        mem_mb=search_mem_mb,
-        runtime=search_runtime,
+        mem_mb=RESOURCES.search_mem_mb,
+        runtime=RESOURCES.search_runtime,
     params:
         fingerprint=init_fingerprint,
         flags=search_flags,
@@ -174,8 +174,8 @@ rule export_faiss:
         "../envs/training.yaml"
     threads: 1
     resources:
-        mem_mb=search_mem_mb,
-        runtime=search_runtime,
+        mem_mb=RESOURCES.search_mem_mb,
+        runtime=RESOURCES.search_runtime,
     params:
         max_query_length=FT["max_query_length"],
     shell:

@@ -48,9 +48,9 @@ rule bm25_heldout:
         "../envs/bm25.yaml"
     threads: 2
     resources:
-        mem_mb=bm25_mem_mb,
-        runtime=bm25_runtime,
-        java_heap_mb=bm25_heap_mb,
+        mem_mb=RESOURCES.bm25_mem_mb,
+        runtime=RESOURCES.bm25_runtime,
+        java_heap_mb=RESOURCES.bm25_heap_mb,
     params:
         k=config["bm25"]["hits"],
         k1=config["bm25"]["k1"],
@@ -81,8 +81,8 @@ rule search_heldout:
         "../envs/training.yaml"
     threads: 2
     resources:
-        mem_mb=search_mem_mb,
-        runtime=search_runtime,
+        mem_mb=RESOURCES.search_mem_mb,
+        runtime=RESOURCES.search_runtime,
     params:
         fingerprint=init_fingerprint,
         flags=search_flags,

@@ -34,19 +34,3 @@ def reranker_flags(wildcards):
         + f" --seed {q(wildcards.seed)}"
         + f" {training_flags(config, SCHEMA)}"
     )
-
-
-def train_reranker_mem_mb(wildcards):
-    return _train_resources(FT["reranker"], wildcards.collection)[0]
-
-
-def train_reranker_runtime(wildcards):
-    return _train_resources(FT["reranker"], wildcards.collection)[1]
-
-
-def rerank_runtime(wildcards):
-    """K3 pairs per query; the evaluation queries are at most a tenth of the training ones here."""
-    pairs = FT["reranker"]["depth"] * max(
-        1000, train_queries_estimate(wildcards.collection) // 10
-    )
-    return int(15 + pairs / ENCODE_PER_S / 60)

@@ -199,25 +199,6 @@ def mining_depth(wildcards):
     return FT["mining_depth"] if wildcards.trained == "r1" else FT["reranker"]["depth"]
 
 
-def encode_mem_mb(wildcards):
-    per_shard = passages_estimate(wildcards.collection) // FT["encode_shards"] + 1
-    return int(3000 + 3 * per_shard * EMBED_BYTES / 2**20)
-
-
-def encode_runtime(wildcards):
-    per_shard = passages_estimate(wildcards.collection) // FT["encode_shards"] + 1
-    return int(15 + per_shard / ENCODE_PER_S / 60)
-
-
-def search_mem_mb(wildcards):
-    """The whole flat index is held at once, or one shard of it with
-    finetune.search_shard_at_a_time (queries are searched in batches)."""
-    held = passages_estimate(wildcards.collection)
-    if FT["search_shard_at_a_time"]:
-        held /= FT["encode_shards"]
-    return int(3000 + 1.5 * held * EMBED_BYTES / 2**20)
-
-
 def search_flags(wildcards):
     """The encoder's flags, and --shard-at-a-time where finetune.search_shard_at_a_time is set
     (left out when not, so a default run's command line is the one before the key existed).
@@ -226,10 +207,6 @@ def search_flags(wildcards):
     if FT["search_shard_at_a_time"]:
         flags += " --shard-at-a-time true"
     return flags
-
-
-def search_runtime(wildcards):
-    return int(15 + passages_estimate(wildcards.collection) / 200_000)
 
 
 def retriever_section(wildcards):
@@ -241,8 +218,8 @@ def retriever_section(wildcards):
 
 
 def train_retriever_mem_mb(wildcards):
-    return _train_resources(retriever_section(wildcards), wildcards.collection)[0]
+    return RESOURCES.training(retriever_section(wildcards), wildcards.collection)[0]
 
 
 def train_retriever_runtime(wildcards):
-    return _train_resources(retriever_section(wildcards), wildcards.collection)[1]
+    return RESOURCES.training(retriever_section(wildcards), wildcards.collection)[1]
