@@ -314,6 +314,14 @@ def condenser_model():
     return PT["cocondenser"]["init"] or f"{RESULTS}/pretrain/condenser/generic/model"
 
 
+def cocondenser_init_input(wildcards):
+    """The stage-one Condenser as an input of stage two: pretrain.cocondenser.init when it is a
+    local folder (a hub id is no input), else the model pretrain_generic trains here."""
+    if PT["cocondenser"]["init"]:
+        return local_paths(PT["cocondenser"]["init"])
+    return rules.pretrain_generic.output.model
+
+
 def condenser_stage_one():
     """Stage one's model folder when pretrain_generic trains it here; none when stage two starts
     from pretrain.cocondenser.init."""
@@ -329,3 +337,6 @@ wildcard_constraints:
 
 # What jobs ask a cluster for (memory, runtime) and how a training job starts: dprflow.plan.resources.
 RESOURCES = ResourceEstimates(config)
+
+# The pre-training rules' inputs and flags: dprflow.plan.pretrain.
+PRETRAIN = PretrainPlan(config, SCHEMA, RESULTS, INIT_TOKENIZER)

@@ -2,17 +2,7 @@
 # coCondenser on each collection's own documents (stage two); Contriever on each collection's
 # documents; the masked auto-encoders (below). Every method reads its corpus from a token store
 # (rule pretrain_tokenize): the corpus tokenized once per tokenizer and view, memory-mapped.
-
-# Their inputs and flags: dprflow.plan.pretrain (tested in tests/test_plan_pretrain.py).
-PRETRAIN = PretrainPlan(config, SCHEMA, RESULTS, INIT_TOKENIZER)
-
-
-def cocondenser_init_input(wildcards):
-    """The stage-one Condenser as an input of stage two: pretrain.cocondenser.init when it is a
-    local folder (a hub id is no input), else the model pretrain_generic trains here."""
-    if PT["cocondenser"]["init"]:
-        return local_paths(PT["cocondenser"]["init"])
-    return rules.pretrain_generic.output.model
+# Their inputs and flags: PRETRAIN (dprflow.plan.pretrain, tested in tests/test_plan_pretrain.py).
 
 
 wildcard_constraints:
