@@ -314,12 +314,12 @@ def condenser_model():
     return PT["cocondenser"]["init"] or f"{RESULTS}/pretrain/condenser/generic/model"
 
 
-def cocondenser_init_input(wildcards):
-    """The stage-one Condenser as an input of stage two: pretrain.cocondenser.init when it is a
-    local folder (a hub id is no input), else the model pretrain_generic trains here."""
-    if PT["cocondenser"]["init"]:
-        return local_paths(PT["cocondenser"]["init"])
-    return rules.pretrain_generic.output.model
+def condenser_input(wildcards):
+    """The stage-one Condenser as an input (of coCondenser's stage two and the condenser row's
+    retrievers): pretrain.cocondenser.init when it is a local folder (a hub id is no input), else
+    the model pretrain_generic trains here."""
+    init = PT["cocondenser"]["init"]
+    return local_paths(init) if init else [condenser_model()]
 
 
 def condenser_stage_one():

@@ -107,7 +107,7 @@ rule pretrain_generic:
 rule pretrain_corpus:
     input:
         code=stage_code("pretrain_corpus"),
-        init=cocondenser_init_input,
+        init=condenser_input,
         passages=PRETRAIN.corpus_stage_passages,
         tokens=PRETRAIN.cocondenser_tokens,
         queries=PRETRAIN.qac_queries_input,

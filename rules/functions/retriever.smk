@@ -1,8 +1,7 @@
 def pretrained_encoder(wildcards):
     """The pre-trained encoder folder of a method (an input of its retrievers); none for method none."""
     if encoder_is_stage_one(wildcards.method):
-        init = PT["cocondenser"]["init"]  # a hub id is no input
-        return local_paths(init) if init else [condenser_model()]
+        return condenser_input(wildcards)
     if wildcards.method in CORPUS_PRETRAINED:
         return [
             result_path(wildcards.collection, wildcards.method, "pretrain", "model")

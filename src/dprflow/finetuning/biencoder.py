@@ -198,7 +198,7 @@ def length_groups(
     groups = []
     for g in range(k):
         rows = order[g * n // k : (g + 1) * n // k]
-        longest = max(max(lengths[i] for i in rows), 1)
+        longest = max(lengths[rows[-1]], 1)  # rows are sorted by length
         groups.append((rows, min(width, -(-longest // multiple) * multiple)))
     if sum(len(rows) * length for rows, length in groups) > (1 - min_saving) * n * width:
         return None

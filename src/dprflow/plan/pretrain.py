@@ -316,15 +316,15 @@ class PretrainPlan:
             self._section(f"pretrain.mae.{phase}", ("documents",)),
             self._training(),
         ]
-        pmi = self.mae_generic_pmi(wildcards) if generic else self.mae_corpus_pmi(wildcards)
+        if generic:
+            pmi, queries, tokens = self.mae_generic_pmi(wildcards), [], self.mae_generic_tokens(wildcards)
+        else:
+            pmi, queries = self.mae_corpus_pmi(wildcards), self.qac_queries_input(wildcards)
+            tokens = self.mae_corpus_tokens(wildcards)
         flags += [f"--pmi {shlex.quote(path)}" for path in pmi]
-        flags += [
-            f"--queries {shlex.quote(path)}"
-            for path in ([] if generic else self.qac_queries_input(wildcards))
-        ]
+        flags += [f"--queries {shlex.quote(path)}" for path in queries]
         if generic:
             flags.append(generic_corpus_flags(self.pt))
-        tokens = self.mae_generic_tokens(wildcards) if generic else self.mae_corpus_tokens(wildcards)
         flags += [f"--tokens {shlex.quote(path)}" for path in tokens]
         return " ".join(flags)
 

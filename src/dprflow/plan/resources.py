@@ -10,7 +10,6 @@ document of ``max_documents``, else a million passages.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,7 +27,7 @@ def training_launcher(wildcards: Any, resources: Mapping[str, Any]) -> str:
     gpus = int(resources.get("gpu", 0) or 0)
     if gpus <= 1:
         return "python"
-    return f"torchrun --standalone --nproc-per-node {shlex.quote(str(gpus))}"
+    return f"torchrun --standalone --nproc-per-node {gpus}"  # an int: nothing to quote
 
 
 class ResourceEstimates:
