@@ -13,7 +13,7 @@ SNAKEMAKE_ARGS ?=
 # Jobs run `python -m dprflow.stages.<rule>`: the venv's bin comes first on PATH, as if activated.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup run dry-run test lint format bench check report render-check generic-corpus clean
+.PHONY: setup run dry-run test test-slow test-all lint format bench check report render-check generic-corpus clean
 
 setup: $(VENV)/.installed
 
@@ -51,8 +51,19 @@ dry-run: setup
 	$(CHECK_CONFIG)
 	$(BIN)/snakemake -n --cores $(CORES) --configfile $(CONFIG)
 
+# make test: every test but those marked slow (pyproject.toml's markers: whole workflow runs, the
+# Slurm cluster, torchrun, stock-image and interpreter builds, each over about 5 s on 2 idle cores);
+# make test-slow runs those, make test-all both in one run. CI runs make test, then make test-slow.
+PYTEST = $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 test: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
+	$(PYTEST) -m 'not slow' tests
+
+test-slow: setup
+	$(PYTEST) -m slow tests
+
+test-all: setup
+	$(PYTEST) tests
 
 lint: setup
 	$(BIN)/ruff check src tests bench scripts

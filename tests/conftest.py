@@ -32,8 +32,9 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The order files are handed out in (xdist keeps it only with --no-loadscope-reorder, which the
-# Makefile passes; by default it hands out the files with the most tests first). The file that
-# builds the shared tiny workflow run (tests/tiny_workflow.py, about 40 s) goes first and the
+# Makefile passes; by default it hands out the files with the most tests first); it matters to
+# `make test-slow` and `make test-all`, as `make test` leaves out the files below marked slow. The
+# file that builds the shared tiny workflow run (tests/tiny_workflow.py, about 40 s) goes first and the
 # Slurm file, which mostly waits on the cluster, beside it; the two files that start from the
 # finished run come after the next longest files (the three longest of what was
 # test_robustness.py, then test_training.py), so that they rarely wait for the build and never

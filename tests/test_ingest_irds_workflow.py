@@ -84,6 +84,7 @@ def datasets(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_ingest_stage_loads_ir_datasets_passages_and_documents(datasets):
     config = yaml.safe_load((ROOT / "tests" / "data" / "tiny_workflow.yaml").read_text())
     config["collections"] = {

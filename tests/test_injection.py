@@ -61,6 +61,7 @@ def injected_config(tmp_path: Path) -> dict:
     return config
 
 
+@pytest.mark.slow
 def test_no_config_value_runs_as_a_command_in_any_planned_shell_line(tmp_path):
     """Every job of every method planned with injected values, its shell line run by bash with
     `python` and `torchrun` recording their arguments: no marker appears, and each value arrives
@@ -109,6 +110,7 @@ def test_no_config_value_runs_as_a_command_in_any_planned_shell_line(tmp_path):
     assert IRDS_IDS in [json.loads(a) for a in args if a.startswith("{")]  # ingest's --ir-datasets
 
 
+@pytest.mark.slow
 def test_a_real_run_with_injected_values_creates_no_marker_and_scores_a_parameterised_metric(tmp_path):
     """ingest, split_passages, BM25 and evaluate run for real on a BEIR folder and a model folder
     whose names would run commands, scoring P(rel=2)@10 (a metric whose name the shell would read

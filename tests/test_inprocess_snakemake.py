@@ -73,6 +73,7 @@ def _pools(count: int, done: list[int]) -> None:
         done.append(1)
 
 
+@pytest.mark.slow
 def test_fork_pools_after_a_dry_run_terminate(tmp_path):
     """The issue's reproduction: before the fix, one of a few dozen pools never finished its
     exit. The pools run in a thread so that a hang fails here instead of holding the worker."""

@@ -58,6 +58,7 @@ def refusals(log: Path) -> int:
     return log.read_text().count("refused")
 
 
+@pytest.mark.slow
 def test_a_served_call_sees_and_returns_what_a_fresh_interpreter_does(served, tmp_path):
     env, _, log = served
     real = {**env, "PATH": env["PATH"].split(os.pathsep, 1)[1]}
@@ -110,6 +111,7 @@ def test_a_caller_killed_takes_its_job_with_it(served, tmp_path):
         time.sleep(0.1)  # no time limit: the server kills it, or the test hangs and says so
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("change", "why"),
     [

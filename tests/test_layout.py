@@ -187,3 +187,22 @@ def test_no_test_file_imports_another():
             offenders[path.name] = imported
     assert len(test_modules) > 50
     assert offenders == {}
+
+
+def make_target(name: str) -> str:
+    """The recipe lines of one target of the Makefile, joined."""
+    text = (ROOT / "Makefile").read_text()
+    match = re.search(rf"^{re.escape(name)}:[^\n]*\n((?:\t[^\n]*\n)+)", text, re.M)
+    assert match, f"no target {name} in the Makefile"
+    return match.group(1)
+
+
+def test_ci_runs_every_test_make_test_leaves_out():
+    """`make test` leaves out the tests marked slow; CI runs it and then `make test-slow`, whose
+    marker expression is the complement, so every test still runs on every CI run."""
+    fast, slow = make_target("test"), make_target("test-slow")
+    assert "-m 'not slow'" in fast and re.search(r"-m slow\b", slow), (fast, slow)
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert ci.index("make test") < ci.index("make test-slow"), ci
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^\s+"slow: ', pyproject, re.M), "the slow marker is not declared"

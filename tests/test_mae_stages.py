@@ -283,6 +283,7 @@ def mae_args(variant, init, out: Path, passages=None, stats=None, **extra) -> li
     return args
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["bmae", "cdmae", "cotmae"])
 def test_two_phases_write_an_encoder_and_keep_the_decoder(variant, tiny_init, passages, stats, tmp_path):
     generic = tmp_path / "generic"

@@ -142,6 +142,7 @@ def test_gradient_checkpointing_and_accumulation_lower_the_estimate(tmp_path):
 # ---- the estimate against measured steps (issue 34) ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_estimate_is_within_1_5x_of_each_measured_step():
     """Every step type of bench/bench_step_memory.py (retriever, Condenser, coCondenser, BMAE,
     Contriever with MoCo; a 2-layer, 64-wide BERT) at 8 x 64 tokens on the CPU: the stage's estimate (less its allowance

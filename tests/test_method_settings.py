@@ -88,6 +88,7 @@ def planned(tmp_path_factory) -> dict[str, list[str]]:
     return commands_by_rule(plan)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("section", SECTIONS)
 def test_every_key_of_a_method_section_reaches_its_stage(planned, section):
     rule = SECTIONS[section][0]

@@ -118,6 +118,7 @@ def flag(line: str, name: str) -> str:
     return match.group(1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CONFIGS)
 def test_methods_config_plans_every_method_with_the_documented_budgets(name, plans):
     config = yaml.safe_load((ROOT / "config" / "examples" / f"{name}.yaml").read_text())

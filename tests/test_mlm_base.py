@@ -61,6 +61,7 @@ def base(tmp_path_factory) -> Path:
     return train(tmp_path_factory.mktemp("mlm"))
 
 
+@pytest.mark.slow
 def test_training_lowers_the_held_out_masked_token_loss(base):
     figures = json.loads((base / "mlm_eval.json").read_text())
     assert figures["heldout_sequences"] == 64
@@ -108,6 +109,7 @@ def test_the_none_row_encodes_with_it_by_cls_and_dot(base):
         assert torch.allclose(encoder.encode_query(**tokenized), expected, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_the_same_weights_another_seed_others(base, tmp_path):
     again = train(tmp_path / "again")
     assert same_weights(base, again)

@@ -504,6 +504,7 @@ print(json.dumps({"scores": scores, "q1": q1}))
 """
 
 
+@pytest.mark.slow
 def test_doc_run_and_qrels_give_the_stage_s_numbers_in_ranx(tmp_path):
     """ranx reads the TREC files and qrels.parquet and gives the stage's numbers. It runs in a
     child with numba's JIT off: the same ranx functions, interpreted, take 4 s here; compiling

@@ -76,6 +76,7 @@ def _variant(workdir: Path, config: dict, name: str, **finetune) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_checkpoint_interval_and_threads_rerun_no_job(finished_tiny_results):
     """Issue 41 item 4g: a finetune.checkpoint_every change reran report_results (the whole config
     was its param), where docs/failures.md says it reruns no job; the report's config leaves out
@@ -124,6 +125,7 @@ def test_stages_choose_each_method_s_fine_tuned_rows(tmp_path):
     assert "finetune.stages_of.cdmae: 'cdmae' is not one of the config's methods" in message
 
 
+@pytest.mark.slow
 def test_more_encoding_shards_retrain_no_pretraining_and_no_first_retriever(finished_tiny_results):
     """The shard files are other files, so the corpus is encoded and searched again; what depends
     on a dense search (retriever 2's mined negatives onwards) is then rerun by Snakemake, as it
@@ -140,6 +142,7 @@ def test_more_encoding_shards_retrain_no_pretraining_and_no_first_retriever(fini
     assert jobs.get("train_retriever", 0) == 3
 
 
+@pytest.mark.slow
 def test_editing_a_module_a_stage_imports_reruns_that_stage_and_what_follows(finished_tiny_results, tmp_path):
     """Issue 34 case 2: an edit of finetuning/losses.py (imported by the training stages, not
     their own file) reruns the retrievers, the reranker and what follows them, and nothing
@@ -174,6 +177,7 @@ def test_editing_a_module_a_stage_imports_reruns_that_stage_and_what_follows(fin
 # ---- every setting that names a file is an input of the rules that read it -----------------------
 
 
+@pytest.mark.slow
 def test_a_local_model_folder_is_an_input_of_the_rules_that_read_it(finished_tiny_results):
     from dprflow.models.init import resolve_model
 
@@ -204,6 +208,7 @@ def test_a_local_model_folder_is_an_input_of_the_rules_that_read_it(finished_tin
 # ---- issue 22: local model folders are inputs by content -----------------------------------------
 
 
+@pytest.mark.slow
 def test_editing_a_file_inside_a_local_model_folder_reruns_what_reads_it(finished_tiny_results, tmp_path):
     import yaml
 

@@ -25,6 +25,7 @@ from preset_figures import FIGURES, ROOT, wrong_figures
 README = ROOT / "config" / "presets" / "README.md"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", sorted(FIGURES["presets"]))
 def test_preset_trains_the_papers_experiment(preset, tmp_path):
     wrong = wrong_figures(preset, ROOT / "config" / "presets" / f"{preset}.yaml", tmp_path)

@@ -53,6 +53,7 @@ def mutated(preset: str, key: str, value, out_dir: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("preset", "key", "value", "expected"), MUTATIONS, ids=[f"{m[0]}:{m[1]}={m[2]}" for m in MUTATIONS]
 )

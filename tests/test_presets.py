@@ -27,6 +27,7 @@ def test_there_are_presets():
     assert {p.stem for p in PRESETS} >= {"msmarco-cocondenser", "msmarco-cdmae"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
 def test_preset_dry_run_lists_the_whole_dag(preset, tmp_path):
     config = yaml.safe_load(preset.read_text())

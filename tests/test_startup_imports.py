@@ -162,6 +162,7 @@ def test_light_stages_and_their_library_import_no_heavy_package():
     assert {n: sorted(e) for n, e in extra.items() if e} == {}
 
 
+@pytest.mark.slow
 def test_torch_stages_import_nothing_heavy_beyond_their_allow_list():
     names = [f"dprflow.stages.{s}" for s in TORCH]
     report = run_forked((*BASE, "torch"), imports(names))

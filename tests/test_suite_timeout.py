@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 HANGS = """
@@ -28,6 +30,7 @@ def test_after():
 """
 
 
+@pytest.mark.slow
 def test_a_hanging_test_fails_with_its_stack_and_the_rest_runs(tmp_path):
     (tmp_path / "test_hangs.py").write_text(HANGS)
     (tmp_path / "test_other.py").write_text("def test_other_file():\n    pass\n")

@@ -43,6 +43,7 @@ def test_same_seed_same_weights_and_training_changes_them(train_data, tiny_init)
     assert not same_weights(train_data / "a", train_data / "c")
 
 
+@pytest.mark.slow
 def test_killed_training_resumes_to_the_same_weights(train_data, tiny_init):
     assert train_retriever.main(argv(train_data, tiny_init, "whole")) == 0
     resumed = argv(train_data, tiny_init, "resumed")
@@ -413,6 +414,7 @@ def test_new_weights_get_their_own_learning_rate():
         parameter_groups(model, TrainArgs(head_learning_rate=1e-3))
 
 
+@pytest.mark.slow
 def test_torchrun_two_gloo_processes_match_one_process(train_data, tmp_path):
     """The multi-process path the cluster rules launch (torchrun, one process per device; here
     two CPU processes on gloo) logs the same first-step loss as one process on the same global

@@ -42,6 +42,7 @@ def rewrite_negatives(data: Path) -> None:
     write_table(negatives, data / "negatives.parquet", "negatives")
 
 
+@pytest.mark.slow
 def test_checkpoint_from_other_input_data_is_ignored_and_the_log_says_why(train_data, tiny_init, caplog):
     killed_after_step_3(train_data, tiny_init, "resumed")
     rewrite_negatives(train_data)

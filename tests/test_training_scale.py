@@ -450,6 +450,7 @@ def test_faiss_index_folder_for_pyserini(tmp_path):
     np.testing.assert_allclose(scores[0], expected_scores[0], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_embeddings_are_dropped_after_search_when_asked_and_faiss_folders_written(tmp_path):
     shard = "results/stdlib/none/zeroshot/embeddings/shard_0.parquet"
     row = "results/stdlib/none/zeroshot/run.parquet"

@@ -25,6 +25,7 @@ def test_sdpa_attention_gives_the_eager_loss_and_gradients(tmp_path):
     assert_close(sdpa, eager, 1e-5)
 
 
+@pytest.mark.slow
 def test_compiled_encoder_gives_the_eager_loss_and_gradients(tmp_path, monkeypatch):
     """torch.compile of the Transformer (the aot_eager backend here: the same graph capture and
     autograd as inductor without a C++ compiler; test_gpu.py compiles with inductor)."""
@@ -41,6 +42,7 @@ def test_compiled_encoder_gives_the_eager_loss_and_gradients(tmp_path, monkeypat
     assert_close(compiled, plain, 1e-5)
 
 
+@pytest.mark.slow
 def test_compile_runs_every_layer_of_a_method_in_one_graph_for_every_shape(tmp_path, monkeypatch):
     """The Condenser calls its backbone's and its head's layers itself: all four run compiled
     (compiling the backbone's forward, as before, compiled nothing the Condenser runs), and

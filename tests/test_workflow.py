@@ -16,7 +16,7 @@ import pytest
 import yaml
 from tiny_workflow import ROOT, TINY, planned_jobs, snakemake
 
-pytestmark = pytest.mark.workflow
+pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
 
 def test_the_comparison_has_every_row(finished_run):

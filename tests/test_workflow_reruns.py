@@ -14,7 +14,7 @@ import yaml
 from snakemake.cli import parse_size_in_bytes
 from tiny_workflow import ROOT, planned_jobs, snakemake
 
-pytestmark = pytest.mark.workflow
+pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
 
 def provenance_records(results: Path) -> dict[str, str]:

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from tiny_workflow import TINY, planned_jobs, snakemake, tiny_st_model
 
-pytestmark = pytest.mark.workflow
+pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
 
 def reference_folder(root: Path) -> Path:
