@@ -48,7 +48,6 @@ include: "rules/doc2query.smk"
 include: "rules/functions/retriever.smk"
 include: "rules/functions/selection.smk"
 include: "rules/retriever.smk"
-include: "rules/functions/reranker.smk"
 include: "rules/reranker.smk"
 include: "rules/selection.smk"
 include: "rules/functions/evaluation.smk"
@@ -62,7 +61,7 @@ include: "rules/report.smk"
 # every stage refuses such an input (dprflow.provenance.cached_sha256). Only where the workflow is
 # planned: a cluster job parses this file again while other jobs may be rewriting those folders.
 if workflow.is_main_process:
-    refuse_changed(hub_folders() + faiss_index_dirs())
+    refuse_changed(hub_folders() + FINETUNE.faiss_index_dirs())
 
 
 # Bookkeeping rules run where Snakemake runs, not as cluster jobs.
@@ -89,5 +88,5 @@ rule all:
         trec_qrels_files(),
         hub_folders(),
         nb_recall_files(),
-        faiss_index_dirs(),
+        FINETUNE.faiss_index_dirs(),
         rules.report_results.output,

@@ -54,7 +54,7 @@ rule split_passages:
     input:
         code=stage_code("split_passages"),
         documents=rules.ingest.output.documents,
-        model=tokenizer_init_input,
+        model=MODELS.tokenizer_init_input,
     output:
         passages=f"{RESULTS}/{{collection}}/passages.parquet",
     log:
@@ -68,7 +68,7 @@ rule split_passages:
         mem_mb=4000,
         runtime=30,
     params:
-        fingerprint=tokenizer_init_fingerprint,
+        fingerprint=MODELS.tokenizer_init_fingerprint,
         model=INIT_TOKENIZER,
         max_tokens=config["passages"]["max_tokens"],
     shell:

@@ -1,8 +1,9 @@
-# DAG helpers that several families of rules share: paths, config sections, method lists and
-# cluster-request estimates. A family's own helpers (input functions, flags, resources) live in
-# rules/functions/<family>.smk, its rules in rules/<family>.smk (snakemake --lint: no file mixes
-# rules and functions). The flag strings are built by dprflow.rule_flags, where ruff and the unit
-# tests read them. No rule lives here.
+# What the rules share: paths, config sections, wildcard patterns and the plan's objects
+# (dprflow.plan: ROWS the rows a run scores, MODELS the models jobs start from, PRETRAIN,
+# SELECTION and FINETUNE each family's inputs and flags, RESOURCES what jobs ask a cluster for),
+# whose methods the rules name as input, params and resources functions; ruff and the unit tests
+# read them there. The helpers still in rules/functions/<family>.smk are small ones not yet moved
+# there; no file mixes rules and functions (snakemake --lint). No rule lives here.
 #
 # The flags of a rule's params are functions of the wildcards only, never of `input`: Snakemake
 # leaves params that take `input` out of its params-changed rerun trigger (snakemake issue 3895),
@@ -12,23 +13,21 @@ import copy
 import json
 import os
 import shlex
-from pathlib import Path
 
 from dprflow.finetuning.selection import grid_points, point_name
 from dprflow.plan import rows as plan_rows
 from dprflow.plan.methods import BY_NAME as METHOD_RECORDS
 from dprflow.plan.methods import (
     COCONDENSER_STAGE_METHODS,
-    CORPUS_PRETRAINED,
-    GEOMETRY_CONTROLS,
     MAE_METHODS,
     MAE_STAGE_METHODS,
-    PRETRAINED_POOLING,
-    QAC_METHODS,
-    ZEROSHOT_METHODS,
 )
 from dprflow.plan.rows import STAGES, is_dense, split_transfer
 from dprflow.models.init import MLM_INIT
+from dprflow.plan.finetune import FinetunePlan, run_tag
+from dprflow.plan.models import ModelPlan
+from dprflow.plan.run_rows import RunRows
+from dprflow.plan.selection import SelectionPlan
 from dprflow.plan.resources import ResourceEstimates, training_launcher
 from dprflow.plan.pretrain import (
     TOKEN_VIEWS,
@@ -38,8 +37,6 @@ from dprflow.plan.pretrain import (
 )
 from dprflow.rule_flags import (
     RESOURCE_SETTINGS,
-    generic_corpus_flags,
-    optim_flags,
     precision_flag,
     q,
     schema_flags,
@@ -56,14 +53,6 @@ shell.prefix(f"export PYTHONPATH={shlex.quote(PYTHONPATH)}; ")
 RESULTS = "results"
 LOGS = f"{RESULTS}/logs"
 BENCHMARKS = f"{RESULTS}/benchmarks"
-# The methods' facts, one record each (dprflow.plan.methods): which have a zeroshot row of their
-# own (Contriever's unsupervised setting), the pooling a pre-trained encoder was trained with where
-# not [CLS] (Contriever section 3: the mean; its folder carries no sentence-transformers
-# configuration, so this is the "initial model's own" geometry of its fine-tuning), the geometry
-# controls (none-mean: none in Contriever's geometry; none itself takes model.pooling and
-# model.similarity), which pre-train on each collection, the MAEs, the query-as-context methods.
-
-
 # The off-the-shelf models of model.references: row method ref-<name> -> model, pooling, similarity.
 REFERENCES = reference_models(config)
 NAME = plan_rows.NAME
@@ -87,47 +76,12 @@ def result_path(*parts):
     return "/".join([RESULTS, *map(str, parts)])
 
 
-# The initial model, resolved here once: every rule that starts from model.init reads INIT.
-# model.init mlm names the MLM base (a BERT pre-trained here from random weights with BERT's
-# masked language model, rule pretrain_mlm), whose folder is MLM_MODEL; the rules that only
-# tokenize (split_passages, the token stores) read its vocabulary, INIT_TOKENIZER
-# (model.mlm.tokenizer), so they do not wait for its training.
-MLM_MODEL = f"{RESULTS}/pretrain/mlm/model"
-MLM_BASE = config["model"]["init"] == MLM_INIT
-INIT = MLM_MODEL if MLM_BASE else config["model"]["init"]
-INIT_TOKENIZER = config["model"]["mlm"]["tokenizer"] if MLM_BASE else INIT
-
-
-def init_input(model):
-    """The inputs that ``model``, a job's starting model, gives it. The MLM base always (a job's
-    output, an input before it exists); another only when it is a local folder (a hub id or a
-    packaged model's name is no file)."""
-    return [model] if model == MLM_MODEL else local_paths(model)
-
-
-def init_fingerprint_of(model):
-    """The content of a model a rule starts from (content_fingerprint); none for the MLM base, a
-    rule's output, whose changes Snakemake tracks itself."""
-    return "" if model == MLM_MODEL else content_fingerprint(model)
-
-
-def model_init_input(wildcards):
-    """The initial model (INIT) when it is the MLM base or a local folder: an input of every rule
-    that reads it."""
-    return init_input(INIT)
-
-
-def tokenizer_init_input(wildcards):
-    """The initial model's tokenizer (INIT_TOKENIZER) when it is a local folder."""
-    return local_paths(INIT_TOKENIZER)
-
-
-def model_init_fingerprint(wildcards):
-    return init_fingerprint_of(INIT)
-
-
-def tokenizer_init_fingerprint(wildcards):
-    return content_fingerprint(INIT_TOKENIZER)
+# The models jobs start from, resolved once (dprflow.plan.models): the initial model INIT
+# (model.init, or MLM_MODEL, the MLM base trained here when model.init is mlm), the tokenizer
+# INIT_TOKENIZER of the rules that only tokenize, the stage-one Condenser, each method's encoder.
+MODELS = ModelPlan(config, RESULTS, REFERENCES, config["model"]["init"] == MLM_INIT)
+MLM_MODEL, MLM_BASE = MODELS.mlm_model, MODELS.mlm_base
+INIT, INIT_TOKENIZER = MODELS.init, MODELS.init_tokenizer
 
 
 def stage_code(name):
@@ -178,103 +132,13 @@ def scored_eval_split(wildcards):
     return config["collections"][scored_collection(wildcards)]["eval_split"]
 
 
-def training_collections():
-    """Collections that train rows (every one not marked evaluate_only)."""
-    return [c for c, spec in config["collections"].items() if not spec["evaluate_only"]]
-
-
-def transfer_targets(collection):
-    """The other collections the rows trained on ``collection`` are scored on: its evaluate_on,
-    then every evaluate-only collection."""
-    spec = config["collections"][collection]
-    evaluate_only = [c for c, s in config["collections"].items() if s["evaluate_only"]]
-    return [
-        c for c in dict.fromkeys(spec["evaluate_on"] + evaluate_only) if c != collection
-    ]
-
-
-def finetune_seeds():
-    """The fine-tuning seeds: the top-level seeds list, else finetune.seed alone."""
-    return config["seeds"] or [config["finetune"]["seed"]]
-
-
-def untrained_rows():
-    """Rows that train nothing on the collection: BM25, the initial model and each reference model
-    off the shelf; every collection scores its own."""
-    return [plan_rows.BM25, plan_rows.OFF_THE_SHELF] + [
-        plan_rows.zeroshot(r) for r in REFERENCES
-    ]
-
-
-def method_stages(method):
-    """The fine-tuned rows of ``method`` (finetune.stages_of, else finetune.stages), in the
-    pipeline's order."""
-    chosen = config["finetune"]["stages_of"].get(method, config["finetune"]["stages"])
-    return [stage for stage in STAGES if stage in chosen]
-
-
-def trained_rows():
-    """Rows trained on a collection: a method's pre-trained encoder as it is (Contriever) and each
-    method's fine-tuning stages once per seed (<method>/seed-<seed>/<stage>)."""
-    rows = [plan_rows.zeroshot(m) for m in config["methods"] if m in ZEROSHOT_METHODS]
-    for method in config["methods"]:
-        for seed in finetune_seeds():
-            rows += [plan_rows.trained(method, seed, s) for s in method_stages(method)]
-    return rows
-
-
-def fused_rows():
-    """The dense rows fused with BM25 (finetune.fusion.rows), <row>+bm25: the model off the shelf
-    (and a method's own zeroshot row) and each method's fine-tuned rows named there."""
-    chosen = config["finetune"]["fusion"]["rows"]
-    rows = []
-    if plan_rows.ZEROSHOT in chosen:
-        rows += [
-            plan_rows.zeroshot(m)
-            for m in ["none", *(m for m in config["methods"] if m in ZEROSHOT_METHODS)]
-        ]
-    for method in config["methods"]:
-        for seed in finetune_seeds():
-            rows += [
-                plan_rows.trained(method, seed, s)
-                for s in method_stages(method)
-                if s in chosen
-            ]
-    return [plan_rows.fused(row) for row in rows]
-
-
-def systems():
-    """Every row of a training collection, scored on it."""
-    return untrained_rows() + trained_rows() + fused_rows()
-
-
-def scored_rows():
-    """(folder collection, system) of every evaluated row: each collection's own rows (an
-    evaluate-only collection's: the untrained ones), then each training collection's trained rows
-    scored on its transfer targets (<row>/on-<target>, in the training collection's folder).
-    """
-    rows = []
-    for c, spec in config["collections"].items():
-        rows += [
-            (c, s) for s in (untrained_rows() if spec["evaluate_only"] else systems())
-        ]
-    for c in training_collections():
-        rows += [
-            (c, plan_rows.transfer(s, t))
-            for t in transfer_targets(c)
-            for s in trained_rows()
-        ]
-    return rows
-
-
-def comparison_rows():
-    """The rows of the comparison: each system with its seed folded away (<method>/<stage>)."""
-    names = (split_transfer(s)[0] for _, s in scored_rows())
-    return list(dict.fromkeys(plan_rows.without_seed(s) for s in names))
+# The rows this run scores, from training collections and seeds to the comparison's rows:
+# dprflow.plan.run_rows.
+ROWS = RunRows(config, list(REFERENCES))
 
 
 # The baseline must be one of them: checked now, not when the comparison is made.
-check_baseline(config, comparison_rows())
+check_baseline(config, ROWS.comparison())
 
 
 # ---- config sections and method families --------------------------------------------------------
@@ -307,27 +171,6 @@ wildcard_constraints:
 PT = config["pretrain"]
 
 
-def condenser_model():
-    """The stage-one Condenser (coCondenser stage two's start and the condenser row's encoder):
-    pretrain.cocondenser.init (coCondenser 4.1: "the released Condenser"), else the model
-    pretrain_generic trains here."""
-    return PT["cocondenser"]["init"] or f"{RESULTS}/pretrain/condenser/generic/model"
-
-
-def condenser_input(wildcards):
-    """The stage-one Condenser as an input (of coCondenser's stage two and the condenser row's
-    retrievers): pretrain.cocondenser.init when it is a local folder (a hub id is no input), else
-    the model pretrain_generic trains here."""
-    init = PT["cocondenser"]["init"]
-    return local_paths(init) if init else [condenser_model()]
-
-
-def condenser_stage_one():
-    """Stage one's model folder when pretrain_generic trains it here; none when stage two starts
-    from pretrain.cocondenser.init."""
-    return [] if PT["cocondenser"]["init"] else [condenser_model()]
-
-
 wildcard_constraints:
     mae="|".join(MAE_METHODS),
     mae_method="|".join(MAE_STAGE_METHODS),
@@ -340,3 +183,15 @@ RESOURCES = ResourceEstimates(config)
 
 # The pre-training rules' inputs and flags: dprflow.plan.pretrain.
 PRETRAIN = PretrainPlan(config, SCHEMA, RESULTS, INIT_TOKENIZER)
+
+# The selection's inputs and flags (finetune.select, finetune.fusion): dprflow.plan.selection.
+SELECT = FT["select"]
+SELECTION = SelectionPlan(
+    config,
+    RESULTS,
+    {point_name(p): p for p in grid_points(SELECT["retriever"])},
+    ROWS,
+)
+
+# The fine-tuning pipeline's inputs, flags and resources: dprflow.plan.finetune.
+FINETUNE = FinetunePlan(config, SCHEMA, RESULTS, MODELS, SELECTION, RESOURCES, ROWS)

@@ -5,7 +5,7 @@
 rule train_doc2query:
     input:
         code=stage_code("train_doc2query"),
-        init=model_init_input,
+        init=MODELS.model_init_input,
         queries=rules.ingest.output.queries,
         qrels=rules.ingest.output.qrels,
         passages=rules.split_passages.output.passages,
@@ -26,7 +26,7 @@ rule train_doc2query:
         log_every=config["training"]["log_every"],
         num_workers=config["training"]["num_workers"],
     params:
-        fingerprint=model_init_fingerprint,
+        fingerprint=MODELS.model_init_fingerprint,
         launch=training_launcher,
         init=INIT,
         split=train_split,

@@ -37,7 +37,7 @@ rule compare:
         code=stage_code("compare"),
         metrics=metrics_files(),
         encoders=encoder_files(),
-        selections=selection_files(),
+        selections=SELECTION.selection_files(),
     output:
         md=f"{RESULTS}/compare.md",
         csv=f"{RESULTS}/compare.csv",
@@ -63,7 +63,7 @@ rule compare:
         significance=config["evaluation"]["significance"],
         permutations=config["evaluation"]["permutations"],
         permutation_seed=config["evaluation"]["permutation_seed"],
-        untrained=untrained_rows(),
+        untrained=ROWS.untrained(),
     shell:
         "python -m dprflow.stages.compare --metrics-files {input.metrics:q} --results-dir {params.results:q}"
         " --encoder-files {input.encoders:q} --selection-files {input.selections:q} --out-md {output.md:q} --out-csv {output.csv:q}"

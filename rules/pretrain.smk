@@ -74,7 +74,7 @@ rule pretrain_mlm:
 rule pretrain_generic:
     input:
         code=stage_code("pretrain_generic"),
-        init=model_init_input,
+        init=MODELS.model_init_input,
         corpus=PRETRAIN.generic_corpus_input,
         tokens=PRETRAIN.condenser_tokens,
     output:
@@ -94,7 +94,7 @@ rule pretrain_generic:
         log_every=config["training"]["log_every"],
         num_workers=config["training"]["num_workers"],
     params:
-        fingerprint=model_init_fingerprint,
+        fingerprint=MODELS.model_init_fingerprint,
         launch=training_launcher,
         init=INIT,
         flags=PRETRAIN.pretrain_generic_flags,
@@ -107,7 +107,7 @@ rule pretrain_generic:
 rule pretrain_corpus:
     input:
         code=stage_code("pretrain_corpus"),
-        init=condenser_input,
+        init=MODELS.condenser_input,
         passages=PRETRAIN.corpus_stage_passages,
         tokens=PRETRAIN.cocondenser_tokens,
         queries=PRETRAIN.qac_queries_input,
@@ -130,7 +130,7 @@ rule pretrain_corpus:
     params:
         fingerprint=PRETRAIN.cocondenser_init_fingerprint,
         launch=training_launcher,
-        init=condenser_model(),
+        init=MODELS.condenser_model(),
         flags=PRETRAIN.pretrain_corpus_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{cocondenser}}/pretrain/checkpoints",
     shell:
@@ -142,7 +142,7 @@ rule pretrain_corpus:
 rule pretrain_contriever:
     input:
         code=stage_code("pretrain_contriever"),
-        init=model_init_input,
+        init=MODELS.model_init_input,
         corpus=PRETRAIN.contriever_corpus_input,
         tokens=PRETRAIN.contriever_tokens,
     output:
@@ -162,7 +162,7 @@ rule pretrain_contriever:
         log_every=config["training"]["log_every"],
         num_workers=config["training"]["num_workers"],
     params:
-        fingerprint=model_init_fingerprint,
+        fingerprint=MODELS.model_init_fingerprint,
         launch=training_launcher,
         init=INIT,
         flags=PRETRAIN.pretrain_contriever_flags,
@@ -227,7 +227,7 @@ rule pmi:
 rule pretrain_mae_generic:
     input:
         code=stage_code("pretrain_mae"),
-        init=model_init_input,
+        init=MODELS.model_init_input,
         corpus=PRETRAIN.generic_corpus_input,
         pmi=PRETRAIN.mae_generic_pmi,
         tokens=PRETRAIN.mae_generic_tokens,
@@ -248,7 +248,7 @@ rule pretrain_mae_generic:
         log_every=config["training"]["log_every"],
         num_workers=config["training"]["num_workers"],
     params:
-        fingerprint=model_init_fingerprint,
+        fingerprint=MODELS.model_init_fingerprint,
         launch=training_launcher,
         init=INIT,
         flags=PRETRAIN.mae_generic_flags,

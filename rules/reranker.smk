@@ -5,7 +5,7 @@
 rule train_reranker:
     input:
         code=stage_code("train_reranker"),
-        init=reranker_init_input,
+        init=MODELS.reranker_init_input,
         queries=rules.ingest.output.queries,
         qrels=rules.ingest.output.qrels,
         passages=rules.split_passages.output.passages,
@@ -29,11 +29,11 @@ rule train_reranker:
         log_every=config["training"]["log_every"],
         num_workers=config["training"]["num_workers"],
     params:
-        fingerprint=reranker_init_fingerprint,
+        fingerprint=MODELS.reranker_init_fingerprint,
         launch=training_launcher,
-        init=reranker_init(),
+        init=MODELS.reranker_init(),
         split=train_split,
-        flags=reranker_flags,
+        flags=FINETUNE.reranker_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.train_reranker --init {params.init:q} --queries {input.queries:q}"

@@ -8,10 +8,10 @@
 
 rule train_retriever:
     input:
-        unpack(retriever_inputs),
+        unpack(FINETUNE.retriever_inputs),
         code=stage_code("train_retriever"),
-        queries=training_queries,
-        selection=selection_file,
+        queries=SELECTION.training_queries,
+        selection=SELECTION.selection_file,
         qrels=rules.ingest.output.qrels,
         passages=rules.split_passages.output.passages,
     output:
@@ -28,18 +28,18 @@ rule train_retriever:
         "../envs/training.yaml"
     threads: 2
     resources:
-        mem_mb=train_retriever_mem_mb,
-        runtime=train_retriever_runtime,
+        mem_mb=FINETUNE.train_retriever_mem_mb,
+        runtime=FINETUNE.train_retriever_runtime,
         # how often to save, not what is trained: a resource, so changing it reruns nothing
         checkpoint_every=FT["checkpoint_every"],
         log_every=config["training"]["log_every"],
         num_workers=config["training"]["num_workers"],
     params:
-        fingerprint=init_fingerprint,
+        fingerprint=MODELS.init_fingerprint,
         launch=training_launcher,
-        init=method_init,
+        init=MODELS.method_init,
         split=training_split,
-        flags=retriever_flags,
+        flags=FINETUNE.retriever_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{trained}}/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.train_retriever --init {params.init:q} --queries {input.queries:q}"
@@ -53,7 +53,7 @@ rule encode_corpus:
     input:
         code=stage_code("encode_corpus"),
         passages=of_scored_collection(rules.split_passages.output.passages),
-        model=encoder_inputs,
+        model=FINETUNE.encoder_inputs,
     output:
         embeddings=embeddings_output(),
     log:
@@ -67,8 +67,8 @@ rule encode_corpus:
         mem_mb=RESOURCES.encode_mem_mb,
         runtime=RESOURCES.encode_runtime,
     params:
-        fingerprint=init_fingerprint,
-        flags=encoder_flags,
+        fingerprint=MODELS.init_fingerprint,
+        flags=FINETUNE.encoder_flags,
         num_shards=FT["encode_shards"],
         max_length=FT["max_passage_length"],
         batch_size=FT["encode_batch_size"],
@@ -82,9 +82,9 @@ rule encode_corpus:
 rule search_dense:
     input:
         code=stage_code("search_dense"),
-        embeddings=embedding_shards,
+        embeddings=FINETUNE.embedding_shards,
         queries=rules.ingest.output.queries,
-        model=encoder_inputs,
+        model=FINETUNE.encoder_inputs,
     output:
         run=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/run.parquet",
         trec=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/run.trec",
@@ -104,12 +104,12 @@ rule search_dense:
         mem_mb=RESOURCES.search_mem_mb,
         runtime=RESOURCES.search_runtime,
     params:
-        fingerprint=init_fingerprint,
-        flags=search_flags,
+        fingerprint=MODELS.init_fingerprint,
+        flags=FINETUNE.search_flags,
         eval_split=eval_split,
         train_split=train_split,
         depth=FT["search_depth"],
-        train_depth=train_depth(),
+        train_depth=FINETUNE.train_depth(),
         max_length=FT["max_query_length"],
         tag=run_tag,
     shell:
@@ -126,9 +126,9 @@ rule search_dense:
 rule search_eval:
     input:
         code=stage_code("search_dense"),
-        embeddings=embedding_shards,
+        embeddings=FINETUNE.embedding_shards,
         queries=of_scored_collection(rules.ingest.output.queries),
-        model=encoder_inputs,
+        model=FINETUNE.encoder_inputs,
     output:
         run=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/run.parquet",
         trec=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/run.trec",
@@ -146,8 +146,8 @@ rule search_eval:
         mem_mb=RESOURCES.search_mem_mb,
         runtime=RESOURCES.search_runtime,
     params:
-        fingerprint=init_fingerprint,
-        flags=search_flags,
+        fingerprint=MODELS.init_fingerprint,
+        flags=FINETUNE.search_flags,
         eval_split=scored_eval_split,
         depth=FT["search_depth"],
         max_length=FT["max_query_length"],
@@ -162,7 +162,7 @@ rule search_eval:
 rule export_faiss:
     input:
         code=stage_code("export_faiss"),
-        embeddings=embedding_shards,
+        embeddings=FINETUNE.embedding_shards,
         encoder=rules.search_dense.output.encoder,
     output:
         index=directory(f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/faiss"),
@@ -203,7 +203,7 @@ rule mine_negatives:
         mem_mb=4000,
         runtime=30,
     params:
-        depth=mining_depth,
+        depth=FINETUNE.mining_depth,
     shell:
         "python -m dprflow.stages.mine_negatives --run {input.run:q} --qrels {input.qrels:q}"
         " --passages {input.passages:q} --out {output.negatives:q} --depth {params.depth:q} > {log:q} 2>&1"

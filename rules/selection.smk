@@ -10,7 +10,7 @@ rule heldout_queries:
         queries=rules.ingest.output.queries,
         qrels=rules.ingest.output.qrels,
     output:
-        queries=HELDOUT_QUERIES,
+        queries=SELECTION.heldout_queries,
     log:
         f"{LOGS}/{{collection}}/heldout_queries.log",
     benchmark:
@@ -36,7 +36,7 @@ rule bm25_heldout:
     input:
         code=stage_code("bm25_search"),
         index=rules.bm25_index.output.index,
-        queries=HELDOUT_QUERIES,
+        queries=SELECTION.heldout_queries,
     output:
         run=f"{RESULTS}/{{collection}}/bm25/heldout/run.parquet",
         trec=f"{RESULTS}/{{collection}}/bm25/heldout/run.trec",
@@ -64,9 +64,9 @@ rule bm25_heldout:
 rule search_heldout:
     input:
         code=stage_code("search_dense"),
-        embeddings=embedding_shards,
-        queries=HELDOUT_QUERIES,
-        model=encoder_inputs,
+        embeddings=FINETUNE.embedding_shards,
+        queries=SELECTION.heldout_queries,
+        model=FINETUNE.encoder_inputs,
     output:
         run=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/heldout/run.parquet",
         trec=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/heldout/run.trec",
@@ -84,8 +84,8 @@ rule search_heldout:
         mem_mb=RESOURCES.search_mem_mb,
         runtime=RESOURCES.search_runtime,
     params:
-        fingerprint=init_fingerprint,
-        flags=search_flags,
+        fingerprint=MODELS.init_fingerprint,
+        flags=FINETUNE.search_flags,
         depth=FT["search_depth"],
         max_length=FT["max_query_length"],
         tag=run_tag,
@@ -101,7 +101,7 @@ rule evaluate_heldout:
         code=stage_code("evaluate"),
         run=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/heldout/run.parquet",
         passages=rules.split_passages.output.passages,
-        queries=HELDOUT_QUERIES,
+        queries=SELECTION.heldout_queries,
         qrels=rules.ingest.output.qrels,
     output:
         metrics=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/heldout/metrics.parquet",
@@ -129,7 +129,7 @@ rule evaluate_heldout:
 
 rule select_settings:
     input:
-        unpack(heldout_chooser_inputs),
+        unpack(SELECTION.chooser_inputs),
         code=stage_code("select_settings"),
     output:
         selection=f"{RESULTS}/{{collection}}/{{method}}/{{chooser}}/selection.json",
@@ -146,7 +146,7 @@ rule select_settings:
         mem_mb=4000,
         runtime=30,
     params:
-        flags=chooser_flags,
+        flags=SELECTION.chooser_flags,
     shell:
         "python -m dprflow.stages.select_settings {params.flags} --metrics {input.metrics:q}"
         " --runs {input.runs:q} --out {output.selection:q} > {log:q} 2>&1"
@@ -154,7 +154,7 @@ rule select_settings:
 
 rule fuse:
     input:
-        unpack(fused_inputs),
+        unpack(SELECTION.fused_inputs),
         code=stage_code("fuse"),
     output:
         run=f"{RESULTS}/{{collection}}/{{method}}/{{fused}}+bm25/run.parquet",
@@ -172,8 +172,8 @@ rule fuse:
         mem_mb=4000,
         runtime=30,
     params:
-        flags=fuse_flags,
-        tag=fused_tag,
+        flags=SELECTION.fuse_flags,
+        tag=SELECTION.fused_tag,
     shell:
         "python -m dprflow.stages.fuse {params.flags} --dense {input.dense:q} --bm25 {input.bm25:q}"
         " --out {output.run:q} --trec {output.trec:q} --tag {params.tag:q} > {log:q} 2>&1"

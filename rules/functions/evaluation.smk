@@ -22,7 +22,7 @@ def trained_on_collections():
     """Collections whose scored split is their training split (score_training_queries)."""
     return [
         c
-        for c in training_collections()
+        for c in ROWS.training_collections()
         if config["collections"][c]["eval_split"]
         == config["collections"][c]["train_split"]
     ]
@@ -40,20 +40,20 @@ def hub_folders():
     """The upload-ready folder of every trained model of every row (export_model)."""
     return [
         f"{RESULTS}/{c}/{m}/seed-{seed}/{stage}/hub"
-        for c in training_collections()
+        for c in ROWS.training_collections()
         for m in config["methods"]
-        for seed in finetune_seeds()
-        for stage in method_stages(m)
+        for seed in ROWS.seeds()
+        for stage in ROWS.stages(m)
     ]
 
 
 def metrics_files():
-    return [f"{RESULTS}/{c}/{s}/metrics.parquet" for c, s in scored_rows()]
+    return [f"{RESULTS}/{c}/{s}/metrics.parquet" for c, s in ROWS.scored()]
 
 
 def encoder_files():
     """The encoder.json of every dense row: the pooling and similarity the table shows."""
-    return [f"{RESULTS}/{c}/{s}/encoder.json" for c, s in scored_rows() if is_dense(s)]
+    return [f"{RESULTS}/{c}/{s}/encoder.json" for c, s in ROWS.scored() if is_dense(s)]
 
 
 def row_order():

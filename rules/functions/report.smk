@@ -7,10 +7,10 @@ def nb_recall_files():
     """Retriever 1's and 2's recall of the negatives (methods with both rows)."""
     return [
         f"{RESULTS}/{c}/{m}/seed-{s}/nb_recall.parquet"
-        for c in training_collections()
+        for c in ROWS.training_collections()
         for m in config["methods"]
-        if {"r1", "r2"} <= set(method_stages(m))
-        for s in finetune_seeds()
+        if {"r1", "r2"} <= set(ROWS.stages(m))
+        for s in ROWS.seeds()
     ]
 
 
@@ -21,7 +21,7 @@ def pretrained_models(collection, method):
         return []
     stage_one = []
     if record.family == "condenser":
-        stage_one = condenser_stage_one()
+        stage_one = MODELS.condenser_stage_one()
     elif record.family == "mae" and not PT["mae"]["corpus_init"]:
         # no generic stage when the corpus stage starts from pretrain.mae.corpus_init
         stage_one = [f"{RESULTS}/pretrain/{record.generic}/generic/model"]
@@ -36,13 +36,13 @@ def pretrained_models(collection, method):
 def training_model_dirs():
     """The model folder of every training stage of the run; each holds its train_log.csv."""
     dirs = [MLM_MODEL] if MLM_BASE else []
-    for c in training_collections():
+    for c in ROWS.training_collections():
         for m in config["methods"]:
             dirs += pretrained_models(c, m)
             dirs += [
                 f"{RESULTS}/{c}/{m}/seed-{seed}/{s}/model"
-                for seed in finetune_seeds()
-                for s in method_stages(m)
+                for seed in ROWS.seeds()
+                for s in ROWS.stages(m)
             ]
     return list(dict.fromkeys(dirs))
 

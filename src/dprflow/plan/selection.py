@@ -1,0 +1,174 @@
+"""The selection's plan (finetune.select, finetune.fusion; docs/selection.md): which grid points
+train, what each job of the selection and of a fused row reads, and their flags.
+
+The rules hold one :class:`SelectionPlan` (rules/common.smk, ``SELECTION``) and name its methods
+as input and params functions; each takes the job's wildcards. The choosing itself (scores, the
+best point, the fusion) is dprflow.finetuning.selection's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from dprflow.plan import rows
+from dprflow.plan.run_rows import RunRows
+from dprflow.rule_flags import q
+
+
+class SelectionPlan:
+    """``points``: the grid's points by folder name, in grid order (``{}`` is the settings as
+    configured; dprflow.finetuning.selection.grid_points and point_name)."""
+
+    def __init__(self, config: dict, results: str, points: dict[str, dict[str, Any]], run_rows: RunRows):
+        self.finetune = config["finetune"]
+        self.select = self.finetune["select"]
+        self.fusion = self.finetune["fusion"]
+        self.methods = list(config["methods"])
+        self.results = results
+        self.points = points
+        self.rows = run_rows
+        self.heldout_queries = f"{results}/{{collection}}/collection/heldout_queries.parquet"
+
+    def path(self, *parts: Any) -> str:
+        return "/".join([self.results, *map(str, parts)])
+
+    def selects_settings(self) -> bool:
+        """Whether r1 and r2 train with settings chosen on held-out queries (a grid with a choice)."""
+        return bool(self.select["retriever"])
+
+    def selection_file(self, wildcards) -> list[str]:
+        """The selection.json that r1 and r2 of a method and seed read, when a grid chooses."""
+        if wildcards.trained in ("r1", "r2") and self.selects_settings():
+            seed = rows.seed_folder(wildcards.seed)
+            return [self.path(wildcards.collection, wildcards.method, seed, "select", "selection.json")]
+        return []
+
+    def selection_flag(self, wildcards) -> str:
+        """--selection of r1 and r2 when a grid chooses their settings (the path rebuilt from the
+        wildcards, not read from input: see the note at the top of rules/common.smk)."""
+        files = self.selection_file(wildcards)
+        return f" --selection {q(files[0])}" if files else ""
+
+    @staticmethod
+    def is_point(wildcards) -> bool:
+        """Whether the retriever trained is a grid point (``select/<point>``)."""
+        return wildcards.trained.startswith("select/")
+
+    def point_settings(self, wildcards) -> dict[str, Any]:
+        """The settings a grid point trains with (its folder name: ``points``)."""
+        name = wildcards.trained.split("/", 1)[1]
+        if name not in self.points:
+            raise ValueError(
+                f"{name!r} is not a point of finetune.select.retriever's grid: {', '.join(self.points)}"
+            )
+        return self.points[name]
+
+    def training_queries(self, wildcards) -> str:
+        """The queries a retriever trains on: a grid point reads the held-out split's table (its
+        fit part), so that it can never read a test or a held-out query."""
+        if self.is_point(wildcards):
+            return self.heldout_queries.format(collection=wildcards.collection)
+        return self.path(wildcards.collection, "collection", "queries.parquet")
+
+    def chooses_weight(self, chooser: str) -> bool:
+        """Whether a selection.json also holds a fused row's weight: for the convex combination
+        only, and only where a fused row reads it (zeroshot's for zeroshot+bm25, a seed's for the
+        others)."""
+        if self.fusion["method"] != "convex":
+            return False
+        fused = set(self.fusion["rows"])
+        if chooser == rows.ZEROSHOT:
+            return rows.ZEROSHOT in fused
+        return bool(fused - {rows.ZEROSHOT})
+
+    def chooser_inputs(self, wildcards) -> dict[str, Any]:
+        """What a selection.json is chosen from: every grid point's (or the model off the shelf's)
+        held-out metrics and run, and BM25's held-out run when a fused row needs a weight."""
+        c, m = wildcards.collection, wildcards.method
+        if wildcards.chooser == rows.ZEROSHOT:
+            runs = [self.path(c, m, rows.ZEROSHOT, "heldout")]
+        else:
+            runs = [self.path(c, m, wildcards.chooser, p, "heldout") for p in self.points]
+        out = {
+            "metrics": [f"{r}/metrics.parquet" for r in runs],
+            "runs": [f"{r}/run.parquet" for r in runs],
+            "queries": self.heldout_queries.format(collection=c),
+            "qrels": self.path(c, "collection", "qrels.parquet"),
+            "passages": self.path(c, "passages.parquet"),
+        }
+        if self.chooses_weight(wildcards.chooser):
+            out["bm25"] = self.path(c, rows.BM25, "heldout", "run.parquet")
+        return out
+
+    def chooser_flags(self, wildcards) -> str:
+        """The grid (in the order of the metrics and runs files) and the fusion weights to try."""
+        grid = [{}] if wildcards.chooser == rows.ZEROSHOT else list(self.points.values())
+        flags = f"--grid {q(json.dumps(grid))} --metric {q(self.select['metric'])}"
+        if self.chooses_weight(wildcards.chooser):
+            c = wildcards.collection
+            flags += (
+                f" --bm25-run {q(self.path(c, rows.BM25, 'heldout', 'run.parquet'))}"
+                f" --queries {q(self.heldout_queries.format(collection=c))}"
+                f" --qrels {q(self.path(c, 'collection', 'qrels.parquet'))}"
+                f" --passages {q(self.path(c, 'passages.parquet'))}"
+                f" --fusion-method convex --weights {' '.join(q(w) for w in self.fusion['weights'])}"
+                f" --depth {q(self.finetune['search_depth'])}"
+            )
+        return flags
+
+    def fusion_selection(self, wildcards) -> str:
+        """Where a fused row's weight was chosen: the model off the shelf's held-out run for a
+        zeroshot row, else retriever 1 of the best grid point trained on the fit part."""
+        base = self.path(wildcards.collection, wildcards.method)
+        if wildcards.fused == rows.ZEROSHOT:
+            return f"{base}/{rows.ZEROSHOT}/selection.json"
+        seed = wildcards.fused.split("/")[0]
+        return f"{base}/{seed}/select/selection.json"
+
+    def fused_inputs(self, wildcards) -> dict[str, str]:
+        """The dense run, BM25's run of the same queries and, for the convex combination, the
+        selection.json holding the weight chosen on held-out queries."""
+        c = wildcards.collection
+        out = {
+            "dense": self.path(c, wildcards.method, wildcards.fused, "run.parquet"),
+            "bm25": self.path(c, rows.BM25, "run.parquet"),
+        }
+        if self.fusion["method"] == "convex":
+            out["selection"] = self.fusion_selection(wildcards)
+        return out
+
+    def fuse_flags(self, wildcards) -> str:
+        flags = (
+            f"--method {q(self.fusion['method'])} --rrf-k {q(self.fusion['rrf_k'])}"
+            f" --depth {q(self.finetune['search_depth'])}"
+        )
+        if self.fusion["method"] == "convex":
+            flags += f" --selection {q(self.fusion_selection(wildcards))}"
+        return flags
+
+    @staticmethod
+    def fused_tag(wildcards) -> str:
+        """The TREC run tag of a fused row, e.g. none-seed-13-r2-bm25."""
+        return "-".join([wildcards.method, *Path(wildcards.fused).parts, "bm25"])
+
+    def selection_files(self) -> list[str]:
+        """Every selection.json of the run: the comparison's section on held-out queries reads
+        them."""
+        files = []
+        for c in self.rows.training_collections():
+            if self.selects_settings():
+                files += [
+                    self.path(c, m, rows.seed_folder(s), "select", "selection.json")
+                    for m in self.methods
+                    for s in self.rows.seeds()
+                ]
+            if self.fusion["method"] == "convex":
+                for row in self.rows.fused():
+                    method, fused = rows.unfused(row).split("/", 1)
+                    files.append(
+                        self.fusion_selection(SimpleNamespace(collection=c, method=method, fused=fused))
+                    )
+        return list(dict.fromkeys(files))
