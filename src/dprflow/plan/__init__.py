@@ -4,5 +4,13 @@
   zeroshot row), from which the rules derive their method lists;
 - :mod:`.rows`: a row of the comparison, its name's grammar (``bm25``, ``<method>/zeroshot``,
   ``<method>/seed-<seed>/<stage>``, ``<row>+bm25``, ``<row>/on-<collection>``): named, parsed and
-  formatted here only.
+  formatted here only;
+- :mod:`.run_rows`: the rows a config's run scores (collections, seeds, stages, fused, transfer);
+- :mod:`.models`: the models jobs start from (model.init or the MLM base, the stage-one
+  Condenser, each method's encoder, the reranker's start), their geometry, inputs, fingerprints;
+- :mod:`.pretrain`, :mod:`.selection`, :mod:`.finetune`: each family's inputs and flags;
+- :mod:`.resources`: what a job asks a cluster for, and how a training job starts.
+
+The rules build one object of each from the config (rules/common.smk) and name its methods as
+input, params and resources functions.
 """
