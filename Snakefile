@@ -39,11 +39,9 @@ validate_config(config, SCHEMA)
 
 
 include: "rules/common.smk"
-include: "rules/functions/collections.smk"
 include: "rules/collections.smk"
 include: "rules/bm25.smk"
 include: "rules/pretrain.smk"
-include: "rules/functions/doc2query.smk"
 include: "rules/doc2query.smk"
 include: "rules/functions/retriever.smk"
 include: "rules/functions/selection.smk"
@@ -85,7 +83,7 @@ rule all:
     default_target: True
     input:
         rules.compare.output,
-        trec_qrels_files(),
+        COLLECTIONS.trec_qrels_files(),
         hub_folders(),
         nb_recall_files(),
         FINETUNE.faiss_index_dirs(),

@@ -45,7 +45,7 @@ rule bm25_search:
         runtime=RESOURCES.bm25_runtime,
         java_heap_mb=RESOURCES.bm25_heap_mb,
     params:
-        split=eval_split,
+        split=COLLECTIONS.eval_split,
         k=config["bm25"]["hits"],
         k1=config["bm25"]["k1"],
         b=config["bm25"]["b"],
@@ -78,7 +78,7 @@ rule bm25_negatives:
         runtime=RESOURCES.bm25_runtime,
         java_heap_mb=RESOURCES.bm25_heap_mb,
     params:
-        split=train_split,
+        split=COLLECTIONS.train_split,
         depth=config["bm25"]["negatives_depth"],
         k1=config["bm25"]["k1"],
         b=config["bm25"]["b"],

@@ -4,7 +4,7 @@
 rule ingest:
     input:
         code=stage_code("ingest"),
-        source=ingest_inputs,
+        source=COLLECTIONS.ingest_inputs,
     output:
         documents=f"{RESULTS}/{{collection}}/collection/documents.parquet",
         queries=f"{RESULTS}/{{collection}}/collection/queries.parquet",
@@ -20,8 +20,8 @@ rule ingest:
         mem_mb=4000,
         runtime=30,
     params:
-        flags=ingest_flags,
-        out_dir=ingest_out_dir,
+        flags=COLLECTIONS.ingest_flags,
+        out_dir=COLLECTIONS.ingest_out_dir,
     shell:
         "python -m dprflow.stages.ingest {params.flags} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 

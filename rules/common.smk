@@ -1,9 +1,10 @@
 # What the rules share: paths, config sections, wildcard patterns and the plan's objects
-# (dprflow.plan: ROWS the rows a run scores, MODELS the models jobs start from, PRETRAIN,
-# SELECTION and FINETUNE each family's inputs and flags, RESOURCES what jobs ask a cluster for),
-# whose methods the rules name as input, params and resources functions; ruff and the unit tests
-# read them there. The helpers still in rules/functions/<family>.smk are small ones not yet moved
-# there; no file mixes rules and functions (snakemake --lint). No rule lives here.
+# (dprflow.plan: ROWS the rows a run scores, COLLECTIONS each collection's settings and where a row
+# is scored, MODELS the models jobs start from, PRETRAIN, DOC2QUERY, SELECTION and FINETUNE each
+# family's inputs and flags, RESOURCES what jobs ask a cluster for), whose methods the rules name
+# as input, params and resources functions; ruff and the unit tests read them there. The few
+# helpers left in rules/functions/<family>.smk (the evaluation's and the report's file lists)
+# are not yet moved; no file mixes rules and functions (snakemake --lint). No rule lives here.
 #
 # The flags of a rule's params are functions of the wildcards only, never of `input`: Snakemake
 # leaves params that take `input` out of its params-changed rerun trigger (snakemake issue 3895),
@@ -24,6 +25,8 @@ from dprflow.plan.methods import (
 )
 from dprflow.plan.rows import STAGES, is_dense, split_transfer
 from dprflow.models.init import MLM_INIT
+from dprflow.plan.collections import CollectionPlan
+from dprflow.plan.doc2query import Doc2QueryPlan
 from dprflow.plan.finetune import FinetunePlan, run_tag
 from dprflow.plan.models import ModelPlan
 from dprflow.plan.run_rows import RunRows
@@ -91,50 +94,11 @@ def stage_code(name):
     return stage_sources(name, SRC)
 
 
-def collection_spec(wildcards):
-    """A collection's config, or a pre-training corpus's (pretrain.corpora: ingested alike)."""
-    name = wildcards.collection
-    if name in config["collections"]:
-        return config["collections"][name]
-    return config["pretrain"]["corpora"][name]
-
-
-def eval_split(wildcards):
-    return collection_spec(wildcards)["eval_split"]
-
-
-def train_split(wildcards):
-    return collection_spec(wildcards)["train_split"]
-
-
-def scored_collection(wildcards):
-    """The collection a row's run is scored on: its ``target`` wildcard or ``/on-<collection>``
-    suffix (transfer), else the collection it lives in."""
-    target = getattr(wildcards, "target", None)
-    for key in ("system", "retriever"):
-        value = getattr(wildcards, key, None)
-        if value is not None and target is None:
-            target = split_transfer(value)[1]
-    return target or wildcards.collection
-
-
-def of_scored_collection(path):
-    """An input function: ``path``, a pattern of ``{collection}`` (a rule's output), for the
-    collection the row is scored on (its own for a row scored where it was trained)."""
-
-    def resolved(wildcards):
-        return str(path).replace("{collection}", scored_collection(wildcards))
-
-    return resolved
-
-
-def scored_eval_split(wildcards):
-    return config["collections"][scored_collection(wildcards)]["eval_split"]
-
-
 # The rows this run scores, from training collections and seeds to the comparison's rows:
 # dprflow.plan.run_rows.
 ROWS = RunRows(config, list(REFERENCES))
+# Each collection's settings and splits, where a row is scored, ingest: dprflow.plan.collections.
+COLLECTIONS = CollectionPlan(config, RESULTS, ROWS.training_collections())
 
 
 # The baseline must be one of them: checked now, not when the comparison is made.
@@ -195,3 +159,6 @@ SELECTION = SelectionPlan(
 
 # The fine-tuning pipeline's inputs, flags and resources: dprflow.plan.finetune.
 FINETUNE = FinetunePlan(config, SCHEMA, RESULTS, MODELS, SELECTION, RESOURCES, ROWS)
+
+# The doc2query generator's inputs and flags (query-as-context): dprflow.plan.doc2query.
+DOC2QUERY = Doc2QueryPlan(config, SCHEMA, RESULTS, COLLECTIONS)

@@ -29,8 +29,8 @@ rule train_doc2query:
         fingerprint=MODELS.model_init_fingerprint,
         launch=training_launcher,
         init=INIT,
-        split=train_split,
-        flags=train_doc2query_flags,
+        split=COLLECTIONS.train_split,
+        flags=DOC2QUERY.train_flags,
         checkpoints=f"{RESULTS}/{{collection}}/doc2query/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.train_doc2query --init {params.init:q}"
@@ -42,7 +42,7 @@ rule train_doc2query:
 rule doc2query:
     input:
         code=stage_code("doc2query"),
-        model=doc2query_model_input,
+        model=DOC2QUERY.model_input,
         passages=rules.split_passages.output.passages,
     output:
         queries=f"{RESULTS}/{{collection}}/doc2query/generated_queries.parquet",
@@ -57,9 +57,9 @@ rule doc2query:
         mem_mb=8000,
         runtime=720,
     params:
-        fingerprint=doc2query_model_fingerprint,
-        model=doc2query_model,
-        flags=doc2query_flags,
+        fingerprint=DOC2QUERY.model_fingerprint,
+        model=DOC2QUERY.model,
+        flags=DOC2QUERY.generate_flags,
     shell:
         "python -m dprflow.stages.doc2query --model {params.model:q} --passages {input.passages:q}"
         " --out {output.queries:q} {params.flags} --threads {threads} > {log:q} 2>&1"

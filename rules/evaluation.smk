@@ -7,9 +7,9 @@ rule evaluate:
     input:
         code=stage_code("evaluate"),
         run=f"{RESULTS}/{{collection}}/{{system}}/run.parquet",
-        passages=of_scored_collection(rules.split_passages.output.passages),
-        queries=of_scored_collection(rules.ingest.output.queries),
-        qrels=of_scored_collection(rules.ingest.output.qrels),
+        passages=COLLECTIONS.of_scored_collection(rules.split_passages.output.passages),
+        queries=COLLECTIONS.of_scored_collection(rules.ingest.output.queries),
+        qrels=COLLECTIONS.of_scored_collection(rules.ingest.output.qrels),
     output:
         metrics=f"{RESULTS}/{{collection}}/{{system}}/metrics.parquet",
         doc_run=f"{RESULTS}/{{collection}}/{{system}}/run.doc.trec",
@@ -24,7 +24,7 @@ rule evaluate:
         mem_mb=4000,
         runtime=30,
     params:
-        split=scored_eval_split,
+        split=COLLECTIONS.scored_eval_split,
         metrics=config["evaluation"]["metrics"],
     shell:
         "python -m dprflow.stages.evaluate --run {input.run:q} --passages {input.passages:q}"
@@ -57,9 +57,9 @@ rule compare:
         baseline=config["evaluation"]["baseline"],
         also_against=config["evaluation"]["also_against"],
         results=compare_results_dir,
-        paper_references=paper_references(),
-        splits=scored_splits(),
-        trained_on=trained_on_collections(),
+        paper_references=COLLECTIONS.paper_references(),
+        splits=COLLECTIONS.scored_splits(),
+        trained_on=COLLECTIONS.trained_on_collections(),
         significance=config["evaluation"]["significance"],
         permutations=config["evaluation"]["permutations"],
         permutation_seed=config["evaluation"]["permutation_seed"],

@@ -32,7 +32,7 @@ rule train_reranker:
         fingerprint=MODELS.reranker_init_fingerprint,
         launch=training_launcher,
         init=MODELS.reranker_init(),
-        split=train_split,
+        split=COLLECTIONS.train_split,
         flags=FINETUNE.reranker_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/checkpoints",
     shell:
@@ -80,8 +80,8 @@ rule rerank_transfer:
         code=stage_code("rerank"),
         model=rules.train_reranker.output.model,
         run=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/r2/on-{{target}}/run.parquet",
-        queries=of_scored_collection(rules.ingest.output.queries),
-        passages=of_scored_collection(rules.split_passages.output.passages),
+        queries=COLLECTIONS.of_scored_collection(rules.ingest.output.queries),
+        passages=COLLECTIONS.of_scored_collection(rules.split_passages.output.passages),
     output:
         run=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/on-{{target}}/run.parquet",
         trec=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/on-{{target}}/run.trec",
@@ -127,7 +127,7 @@ rule score_candidates:
         mem_mb=8000,
         runtime=120,
     params:
-        split=train_split,
+        split=COLLECTIONS.train_split,
         candidates=FT["distill"]["candidates"],
         max_queries=FT["distill"]["max_queries"] or 0,
         max_length=FT["reranker"]["max_length"],

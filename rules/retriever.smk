@@ -52,7 +52,7 @@ rule train_retriever:
 rule encode_corpus:
     input:
         code=stage_code("encode_corpus"),
-        passages=of_scored_collection(rules.split_passages.output.passages),
+        passages=COLLECTIONS.of_scored_collection(rules.split_passages.output.passages),
         model=FINETUNE.encoder_inputs,
     output:
         embeddings=embeddings_output(),
@@ -106,8 +106,8 @@ rule search_dense:
     params:
         fingerprint=MODELS.init_fingerprint,
         flags=FINETUNE.search_flags,
-        eval_split=eval_split,
-        train_split=train_split,
+        eval_split=COLLECTIONS.eval_split,
+        train_split=COLLECTIONS.train_split,
         depth=FT["search_depth"],
         train_depth=FINETUNE.train_depth(),
         max_length=FT["max_query_length"],
@@ -127,7 +127,7 @@ rule search_eval:
     input:
         code=stage_code("search_dense"),
         embeddings=FINETUNE.embedding_shards,
-        queries=of_scored_collection(rules.ingest.output.queries),
+        queries=COLLECTIONS.of_scored_collection(rules.ingest.output.queries),
         model=FINETUNE.encoder_inputs,
     output:
         run=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/run.parquet",
@@ -148,7 +148,7 @@ rule search_eval:
     params:
         fingerprint=MODELS.init_fingerprint,
         flags=FINETUNE.search_flags,
-        eval_split=scored_eval_split,
+        eval_split=COLLECTIONS.scored_eval_split,
         depth=FT["search_depth"],
         max_length=FT["max_query_length"],
         tag=run_tag,

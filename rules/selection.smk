@@ -22,7 +22,7 @@ rule heldout_queries:
         mem_mb=2000,
         runtime=15,
     params:
-        split=train_split,
+        split=COLLECTIONS.train_split,
         fraction=SELECT["fraction"],
         max_queries=SELECT["max_queries"],
         seed=SELECT["seed"],

@@ -3,39 +3,6 @@ def compare_results_dir(wildcards, output):
     return os.path.dirname(output.md)
 
 
-def paper_references():
-    """collection=reference pairs for the comparison's table beside the papers."""
-    pairs = [
-        f"{c}={spec['reference']}"
-        for c, spec in config["collections"].items()
-        if spec["reference"]
-    ]
-    return pairs
-
-
-def scored_splits():
-    """collection=split pairs: the query split each collection's comparison scores."""
-    return [f"{c}={spec['eval_split']}" for c, spec in config["collections"].items()]
-
-
-def trained_on_collections():
-    """Collections whose scored split is their training split (score_training_queries)."""
-    return [
-        c
-        for c in ROWS.training_collections()
-        if config["collections"][c]["eval_split"]
-        == config["collections"][c]["train_split"]
-    ]
-
-
-def trec_qrels_files():
-    """Each collection's qrels of its scored split as a TREC file, beside the rows' run.doc.trec."""
-    return [
-        f"{RESULTS}/{c}/collection/qrels.{spec['eval_split']}.trec"
-        for c, spec in config["collections"].items()
-    ]
-
-
 def hub_folders():
     """The upload-ready folder of every trained model of every row (export_model)."""
     return [

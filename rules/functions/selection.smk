@@ -1,3 +1,5 @@
 def training_split(wildcards):
     """The split a retriever trains on: a grid point's is the fit part of the held-out split."""
-    return "fit" if SELECTION.is_point(wildcards) else train_split(wildcards)
+    return (
+        "fit" if SELECTION.is_point(wildcards) else COLLECTIONS.train_split(wildcards)
+    )

@@ -8,7 +8,9 @@
 - :mod:`.run_rows`: the rows a config's run scores (collections, seeds, stages, fused, transfer);
 - :mod:`.models`: the models jobs start from (model.init or the MLM base, the stage-one
   Condenser, each method's encoder, the reranker's start), their geometry, inputs, fingerprints;
-- :mod:`.pretrain`, :mod:`.selection`, :mod:`.finetune`: each family's inputs and flags;
+- :mod:`.collections`: each collection's settings and splits, where a row is scored, ingest;
+- :mod:`.pretrain`, :mod:`.doc2query`, :mod:`.selection`, :mod:`.finetune`: each family's inputs
+  and flags;
 - :mod:`.resources`: what a job asks a cluster for, and how a training job starts.
 
 The rules build one object of each from the config (rules/common.smk) and name its methods as
