@@ -73,12 +73,6 @@ wildcard_constraints:
     system=plan_rows.system_pattern(),
 
 
-def result_path(*parts):
-    """A path under results/ from its parts (wildcard values among them): for the input functions,
-    whose paths never reach a shell line unquoted."""
-    return "/".join([RESULTS, *map(str, parts)])
-
-
 # The models jobs start from, resolved once (dprflow.plan.models): the initial model INIT
 # (model.init, or MLM_MODEL, the MLM base trained here when model.init is mlm), the tokenizer
 # INIT_TOKENIZER of the rules that only tokenize, the stage-one Condenser, each method's encoder.

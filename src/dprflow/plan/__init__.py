@@ -16,3 +16,15 @@
 The rules build one object of each from the config (rules/common.smk) and name its methods as
 input, params and resources functions.
 """
+
+from typing import Any
+
+
+class UnderResults:
+    """A part of the plan whose files lie under the results folder, ``self.results``."""
+
+    results: str
+
+    def path(self, *parts: Any) -> str:
+        """``<results>/<part>/...``: wildcard values or ``{wildcard}`` patterns among the parts."""
+        return "/".join([self.results, *map(str, parts)])

@@ -14,11 +14,11 @@ import shlex
 from collections.abc import Callable
 from typing import Any
 
-from dprflow.plan import rows
+from dprflow.plan import UnderResults, rows
 from dprflow.rule_flags import q
 
 
-class CollectionPlan:
+class CollectionPlan(UnderResults):
     def __init__(self, config: dict, results: str, training: list[str]):
         """``training``: the collections that train rows (RunRows.training_collections)."""
         self.collections = config["collections"]
@@ -65,7 +65,7 @@ class CollectionPlan:
     # ---- ingest --------------------------------------------------------------------------------
 
     def ingest_out_dir(self, wildcards) -> str:
-        return f"{self.results}/{wildcards.collection}/collection"
+        return self.path(wildcards.collection, "collection")
 
     def ingest_inputs(self, wildcards) -> list[str]:
         """BEIR files are inputs (a changed file reruns ingest); other sources have none."""
@@ -112,6 +112,6 @@ class CollectionPlan:
     def trec_qrels_files(self) -> list[str]:
         """Each collection's qrels of its scored split as a TREC file, beside the rows' runs."""
         return [
-            f"{self.results}/{c}/collection/qrels.{spec['eval_split']}.trec"
+            self.path(c, "collection", f"qrels.{spec['eval_split']}.trec")
             for c, spec in self.collections.items()
         ]

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import shlex
 
+from dprflow.plan import UnderResults
 from dprflow.plan.collections import CollectionPlan
 from dprflow.plan.pretrain import content_fingerprint, local_paths
 from dprflow.rule_flags import precision_flag, q, schema_flags, training_flags
 
 
-class Doc2QueryPlan:
+class Doc2QueryPlan(UnderResults):
     def __init__(self, config: dict, schema: str, results: str, collections: CollectionPlan):
         self.config, self.schema, self.results = config, schema, results
         self.settings = config["pretrain"]["doc2query"]
@@ -24,7 +25,7 @@ class Doc2QueryPlan:
 
     def model(self, wildcards) -> str:
         """The generator: pretrain.doc2query.model, else the one trained on the collection."""
-        return self.settings["model"] or f"{self.results}/{wildcards.collection}/doc2query/model"
+        return self.settings["model"] or self.path(wildcards.collection, "doc2query", "model")
 
     def model_input(self, wildcards) -> list[str]:
         """The trained generator folder, unless config names a ready seq2seq model (an input when

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dprflow.plan import rows
+from dprflow.plan import UnderResults, rows
 from dprflow.plan.methods import BY_NAME
 from dprflow.plan.models import ModelPlan
 from dprflow.plan.resources import ResourceEstimates
@@ -38,7 +38,7 @@ def run_tag(wildcards) -> str:
     return "-".join([wildcards.method, *Path(wildcards.retriever).parts])
 
 
-class FinetunePlan:
+class FinetunePlan(UnderResults):
     def __init__(
         self,
         config: dict,
@@ -53,9 +53,6 @@ class FinetunePlan:
         self.finetune = config["finetune"]
         self.pretrain = config["pretrain"]
         self.models, self.selection, self.resources, self.rows = models, selection, resources, run_rows
-
-    def path(self, *parts: Any) -> str:
-        return "/".join([self.results, *map(str, parts)])
 
     # ---- encoding and search -----------------------------------------------------------------
 
@@ -97,14 +94,14 @@ class FinetunePlan:
 
     def embeddings_pattern(self) -> str:
         """A shard of corpus embeddings, as a rule's output pattern."""
-        return f"{self.results}/{{collection}}/{{method}}/{{retriever}}/embeddings/shard_{{shard}}.parquet"
+        return self.path("{collection}", "{method}", "{retriever}", "embeddings", "shard_{shard}.parquet")
 
     def faiss_index_dirs(self) -> list[str]:
         """The pyserini FaissSearcher folder of every dense row, when finetune.faiss_index is on."""
         if not self.finetune["faiss_index"]:
             return []
         return [
-            f"{self.results}/{c}/{row}/faiss"
+            self.path(c, row, "faiss")
             for c, row in self.rows.scored()
             if rows.is_dense(row) and rows.split_transfer(row)[1] is None
         ]

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from dprflow.plan import rows
+from dprflow.plan import UnderResults, rows
 from dprflow.plan.methods import BY_NAME, GEOMETRY_CONTROLS, PRETRAINED_POOLING
 from dprflow.plan.pretrain import content_fingerprint, local_paths
 
 
-class ModelPlan:
+class ModelPlan(UnderResults):
     """``references``: model.references as dprflow.config.reference_models gives them (row method
     -> model, pooling, similarity); ``mlm_base``: whether model.init names the MLM base."""
 
@@ -31,7 +31,7 @@ class ModelPlan:
         # pretrain_mlm); the rules that only tokenize read its vocabulary (model.mlm.tokenizer),
         # so they do not wait for its training.
         self.mlm_base = mlm_base
-        self.mlm_model = f"{results}/pretrain/mlm/model"
+        self.mlm_model = self.path("pretrain", "mlm", "model")
         self.init = self.mlm_model if mlm_base else self.model["init"]
         self.init_tokenizer = self.model["mlm"]["tokenizer"] if mlm_base else self.init
 
@@ -68,7 +68,7 @@ class ModelPlan:
         """The stage-one Condenser (coCondenser stage two's start and the condenser row's
         encoder): pretrain.cocondenser.init (coCondenser 4.1: "the released Condenser"), else the
         model pretrain_generic trains here."""
-        return self.pretrain["cocondenser"]["init"] or f"{self.results}/pretrain/condenser/generic/model"
+        return self.pretrain["cocondenser"]["init"] or self.path("pretrain", "condenser", "generic", "model")
 
     def condenser_input(self, wildcards=None) -> list[str]:
         """The stage-one Condenser as an input: pretrain.cocondenser.init when it is a local folder
@@ -96,7 +96,7 @@ class ModelPlan:
             return self.condenser_input()
         record = BY_NAME.get(wildcards.method)
         if record is not None and record.corpus_stage:
-            return [f"{self.results}/{wildcards.collection}/{wildcards.method}/pretrain/model"]
+            return [self.path(wildcards.collection, wildcards.method, "pretrain", "model")]
         return []
 
     def method_init(self, wildcards) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dprflow.plan import UnderResults
 from dprflow.plan.methods import QAC_METHODS
 from dprflow.provenance import local_sha256
 from dprflow.rule_flags import generic_corpus_flags, q, schema_flags, training_flags
@@ -54,7 +55,7 @@ def _has(wildcards: Any, name: str) -> bool:
     return getattr(wildcards, name, None) is not None
 
 
-class PretrainPlan:
+class PretrainPlan(UnderResults):
     """The inputs and flags of the pre-training jobs of ``config`` (validated against ``schema``),
     under ``results``; ``init_tokenizer`` is the initial model's tokenizer (model.mlm.tokenizer
     when the initial model is the MLM base trained here)."""
@@ -73,9 +74,6 @@ class PretrainPlan:
         self.tokenizers = {tokenizer_key(n): n for n in [*names, self.mlm["tokenizer"]] if n}
 
     # ------------------------------------------------------------------------------ paths
-    def path(self, *parts: Any) -> str:
-        return "/".join([self.results, *map(str, parts)])
-
     def tokens_path(self, corpus: str, view: str, tokenizer: str | None = None) -> str:
         """A token store of ``corpus`` in ``view``, written with ``tokenizer`` (default: the
         initial model's)."""

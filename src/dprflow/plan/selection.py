@@ -13,12 +13,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from dprflow.plan import rows
+from dprflow.plan import UnderResults, rows
 from dprflow.plan.run_rows import RunRows
 from dprflow.rule_flags import q
 
 
-class SelectionPlan:
+class SelectionPlan(UnderResults):
     """``points``: the grid's points by folder name, in grid order (``{}`` is the settings as
     configured; dprflow.finetuning.selection.grid_points and point_name)."""
 
@@ -31,9 +31,6 @@ class SelectionPlan:
         self.points = points
         self.rows = run_rows
         self.heldout_queries = f"{results}/{{collection}}/collection/heldout_queries.parquet"
-
-    def path(self, *parts: Any) -> str:
-        return "/".join([self.results, *map(str, parts)])
 
     def selects_settings(self) -> bool:
         """Whether r1 and r2 train with settings chosen on held-out queries (a grid with a choice)."""
