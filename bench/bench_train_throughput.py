@@ -105,11 +105,14 @@ TASKS = (
     "bert",
     "bert_passages",
 )
+# The step types with a padding-free path (training.attention: packed); the packed variant runs
+# for these only (elsewhere it would time the Trainer's sdpa row again).
+PACKED_TASKS = ("retriever", "retriever_cache", "condenser", "cocondenser", "cocondenser_cache")
 # The table as CSV (--csv-dir), one row per step type and loop: device (torch's name of the GPU,
 # or "CPU, n torch threads"), torch, transformers, cuda (torch.version.cuda: the CUDA torch was
 # built with, empty for a CPU-only torch), step (a task of TASKS), loop (plain, trainer, compile,
-# checkpointing), batch (the step's batch: "B" sequences, or "BxG" for the retriever's B queries
-# with G passages each and the bare model over those B x G passages), length (tokens a sequence
+# checkpointing, packed), batch (the step's batch: "B" sequences, or "BxG" for the retriever's B
+# queries with G passages each and the bare model over those B x G passages), length (tokens a sequence
 # at most; the retriever's queries are shorter), tokens_per_s (real tokens a second over the
 # timed steps), mfu (model FLOPs utilisation, a fraction), peak_mib (the GPU's peak allocated
 # MiB; on a CPU the process's peak resident set, empty where it cannot be reset), estimate_mib
@@ -554,9 +557,9 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         nargs="*",
         default=["plain", "trainer"],
-        choices=["plain", "trainer", "compile", "checkpointing"],
+        choices=["plain", "trainer", "compile", "checkpointing", "packed"],
         help="loops to measure: the plain loop, the Trainer (defaults), with torch.compile, with "
-        "gradient checkpointing",
+        "gradient checkpointing, with padding-free steps (packed: the tasks of PACKED_TASKS only)",
     )
     parser.add_argument(
         "--compile-tasks",
@@ -609,6 +612,7 @@ def main(argv: list[str] | None = None) -> int:
         "trainer": {},
         "compile": {"compile": True},
         "checkpointing": {"gradient_checkpointing": True},
+        "packed": {"attention": "packed"},  # padding-free steps (dprflow.models.packed)
     }
     variants = [(label, all_variants[label]) for label in args.variants]
     versions = {
@@ -637,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
                         label == "compile"
                         and args.compile_tasks is not None
                         and task_name not in args.compile_tasks
-                    ):
+                    ) or (label == "packed" and task_name not in PACKED_TASKS):
                         continue
                     setup = functools.partial(loop, task, args, device, precision, folder, options)
                     with chunks_encoded() as chunks:

@@ -6,12 +6,14 @@ it is started with. Two parts, each run to the end whatever the other gives:
 
 1. ``tests/test_gpu.py``: a retriever stage in fp16 (loss scaler) and bf16 killed and resumed
    to the same weights, the memory check's GPU branch, the speed switches' loss and gradients
-   on the GPU (TF32, inductor, fused AdamW), the gradient cache's chunk from the GPU's memory;
+   on the GPU (TF32, inductor, fused AdamW), the gradient cache's chunk from the GPU's memory,
+   the padding-free steps (varlen attention) against the padded ones, a retriever stage packed;
 2. ``bench/bench_train_throughput.py`` on BERT-base in the GPU's precision: every step type
    (retriever, with the gradient cache, Condenser, coCondenser, with the cache, BMAE,
    Contriever MoCo, and the bare ``BertModel`` at the Condenser's and the retriever passages'
    shapes: the ceiling of the same batch shape) in the plain Hugging Face loop, the Trainer, and
-   the Trainer with ``compile`` (for the retriever, the Condenser and the bare model), printed as
+   the Trainer with ``compile`` (for the retriever, the Condenser and the bare model), the
+   Trainer with padding-free steps (``packed``: the retriever's and the (co)Condenser's), printed as
    one table: device, versions, tokens/s, MFU, peak and estimated memory. The table is also
    written as CSV to ``--out-dir`` (default bench/gpu/), named by date and device
    (``2026-11-27-nvidia-h100-80gb-hbm3.csv``; columns: bench_train_throughput.CSV_COLUMNS), and
@@ -35,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPILED = ["retriever", "condenser", "bert", "bert_passages"]
-VARIANTS = ["plain", "trainer", "compile"]
+VARIANTS = ["plain", "trainer", "compile", "packed"]
 CSV_LINE = "csv: "  # how the benchmark names the CSV it wrote (its last line)
 
 

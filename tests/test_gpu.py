@@ -175,3 +175,95 @@ def test_the_gradient_cache_chunk_comes_from_the_gpu_memory(tmp_path):
     assert 0 < on.chunk_budget < total
     off = trainer_for(tiny_mlm(), TrainArgs(batch_size=1, chunk_from_memory=False), tmp_path / "off")
     assert off.chunk_budget is None
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-12))
+
+
+def test_packed_steps_equal_the_padded_ones_in_bf16(monkeypatch):
+    """The padding-free path on the GPU (dprflow.models.packed: torch's varlen_attn): a retriever
+    step's contrastive loss and a Condenser step's MLM losses, and every gradient, equal the padded
+    step's within bf16 rounding (dropout off; tests/test_packed.py checks the same to 1e-5 on a CPU
+    through the reference attention)."""
+    from transformers import BertConfig, BertForMaskedLM, BertModel
+
+    from dprflow.finetuning.biencoder import BiEncoder
+    from dprflow.finetuning.losses import contrastive_loss
+    from dprflow.models import packed as packed_module
+    from dprflow.pretraining.condenser.model import Condenser, CondenserConfig
+
+    kernel = packed_module.varlen_kernel()
+    assert kernel is not None, f"torch {torch.__version__} has no torch.nn.attention.varlen (2.10+)"
+    calls = []
+    monkeypatch.setattr(
+        packed_module, "varlen_kernel", lambda: lambda *a, **k: calls.append(1) or kernel(*a, **k)
+    )
+    config = BertConfig(
+        vocab_size=1000,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        max_position_embeddings=128,
+    )
+    g = torch.Generator().manual_seed(0)
+
+    def inputs(rows: int, length: int) -> dict[str, torch.Tensor]:
+        lengths = torch.randint(length // 4, length + 1, (rows,), generator=g)
+        mask = (torch.arange(length)[None] < lengths[:, None]).long()
+        ids = torch.randint(5, 1000, (rows, length), generator=g) * mask
+        return {"input_ids": ids.cuda(), "attention_mask": mask.cuda()}
+
+    def run(model, step) -> list[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+        results = []
+        for packed in (False, True):
+            model.zero_grad()
+            model.packed = packed
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = step(model)
+            loss.backward()
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+            results.append((loss.detach().float(), grads))
+        return results
+
+    def check(results, what: str) -> None:
+        (loss_a, grads_a), (loss_b, grads_b) = results
+        assert relative_error(loss_b, loss_a) < 1e-2, (what, float(loss_a), float(loss_b))
+        assert grads_a.keys() == grads_b.keys() and grads_a
+        whole = relative_error(
+            torch.cat([grads_b[n].flatten() for n in grads_a]),
+            torch.cat([grads_a[n].flatten() for n in grads_a]),
+        )
+        assert whole < 3e-2, (what, whole)
+        # the key bias's gradient is 0 in exact arithmetic (softmax ignores a constant per query):
+        # rounding noise in both steps, no relative error to speak of
+        worst = max(
+            (relative_error(grads_b[n], grads_a[n]), n) for n in grads_a if not n.endswith("key.bias")
+        )
+        assert worst[0] < 0.1, (what, worst)
+
+    torch.manual_seed(0)
+    retriever = BiEncoder(BertModel(config, add_pooling_layer=False)).cuda().eval()
+    queries, passages = inputs(16, 32), inputs(64, 128)
+    check(run(retriever, lambda m: contrastive_loss(*m(queries, passages), group_size=4)), "retriever")
+    condenser = Condenser(BertForMaskedLM(config).bert, config=CondenserConfig()).cuda().eval()
+    batch = inputs(32, 128)
+    labels = torch.where(
+        (torch.rand(batch["input_ids"].shape, generator=g) < 0.15).cuda() & batch["attention_mask"].bool(),
+        batch["input_ids"],
+        -100,
+    )
+    check(run(condenser, lambda m: m(batch["input_ids"], batch["attention_mask"], labels).loss), "condenser")
+    assert calls, "the packed steps did not reach varlen_attn"
+
+
+def test_a_retriever_stage_trains_packed_on_the_gpu(train_data, tiny_init):
+    """training.attention: packed through the stage's command line on the GPU, in bf16."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    cmd = command(train_data, tiny_init, "packed", "bf16") + ["--attention", "packed"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "attention: packed in BiEncoder" in done.stderr
+    losses = pd.read_csv(train_data / "packed" / "train_log.csv")["loss"]
+    assert len(losses) > 0 and losses.notna().all()

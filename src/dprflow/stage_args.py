@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from dprflow.precision import PRECISIONS
 
-ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
+ATTENTIONS = ("sdpa", "eager", "flash_attention_2", "packed")
 
 
 @dataclass(kw_only=True)
@@ -86,7 +86,8 @@ class TrainingSettings:
         default="sdpa",
         metadata={
             "help": "attention kernel of the Transformers: sdpa (torch's fused attention), eager, "
-            "flash_attention_2 (needs the flash-attn package)",
+            "flash_attention_2 (needs the flash-attn package), packed (the retriever's and the "
+            "Condenser's steps over real tokens only, no attention dropout; docs/training.md)",
             "choices": list(ATTENTIONS),
         },
     )

@@ -46,6 +46,7 @@ from torch import nn
 
 from dprflow.models import st_format
 from dprflow.models.init import resolve_model, tokenizer_from_folder
+from dprflow.models.packed import check_packable, packed_states
 from dprflow.models.pooling import check_pooling, pool
 from dprflow.models.st_format import SIMILARITIES, check_choice, default_temperature
 
@@ -245,6 +246,8 @@ class BiEncoder(nn.Module):
 
     # In training, encode a batch's rows in groups of similar length (_encode); False: whole.
     length_grouping = True
+    # Encode the batch's real tokens only (dprflow.models.packed; training.attention: packed).
+    packed = False
 
     def __init__(
         self,
@@ -288,6 +291,8 @@ class BiEncoder(nn.Module):
     def _encode(self, model: nn.Module, tokenized: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """``[B, H]`` embeddings; in training, rows of similar length are encoded together
         (:func:`length_groups`: the same embeddings with less padding)."""
+        if self.packed and tokenized.get("attention_mask") is not None:
+            return self._encode_packed(model, tokenized)
         groups = _length_groups(tokenized) if self.training and self.length_grouping else None
         if groups is None:
             return self._encode_rows(model, tokenized)
@@ -307,6 +312,19 @@ class BiEncoder(nn.Module):
             mask = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
         emb = pool(hidden, mask, self.pooling)  # [B, H]
         return F.normalize(emb, dim=-1) if self.normalize else emb
+
+    def _encode_packed(self, model: nn.Module, tokenized: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """:meth:`_encode_rows` over the batch's real tokens alone (no padding, no length groups)."""
+        hidden, packing = packed_states(
+            model, tokenized["input_ids"], tokenized["attention_mask"], tokenized.get("token_type_ids")
+        )
+        emb = hidden[packing.first] if self.pooling == "cls" else packing.mean(hidden)  # [B, H]
+        return F.normalize(emb, dim=-1) if self.normalize else emb
+
+    def check_packable(self) -> None:
+        """Refuse the packed path for encoders it cannot run (:func:`dprflow.models.packed.check_packable`)."""
+        for model in {id(m): m for m in (self.query_model, self.passage_model)}.values():
+            check_packable(model, "the retriever's encoder")
 
     def encode_query(self, **tokenized: torch.Tensor) -> torch.Tensor:
         """``[B, H]`` query embeddings from tokenizer outputs (``input_ids``, ``attention_mask``, ...)."""

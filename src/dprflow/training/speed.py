@@ -30,6 +30,7 @@ import torch
 
 from dprflow import hardware
 from dprflow.hardware import AMPERE, DeviceInfo
+from dprflow.models.packed import PACKED, set_packed
 from dprflow.precision import autocast as precision_autocast
 from dprflow.precision import resolve_precision
 
@@ -159,7 +160,15 @@ def transformers_in(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def set_attention(model: torch.nn.Module, attention: str) -> None:
     """Every Transformer of ``model`` on the attention kernel ``attention`` (sdpa, eager,
-    flash_attention_2); the same function, computed by another kernel."""
+    flash_attention_2); the same function, computed by another kernel. ``packed``: the models
+    with a padding-free path (:mod:`dprflow.models.packed`: the retriever, the Condenser) take
+    it, their padded calls and every other model sdpa."""
+    if attention == PACKED:
+        switched = set_packed(model, True)
+        log.info(
+            "attention: %s", f"packed in {', '.join(switched)}" if switched else "sdpa (no packed path here)"
+        )
+        attention = "sdpa"
     for module in transformers_in(model):
         if module.config._attn_implementation != attention:
             module.set_attn_implementation(attention)

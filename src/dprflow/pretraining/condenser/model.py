@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dprflow.models.packed import Packing, check_packable, packed_embeddings, packed_layer, packed_states
 from dprflow.pretraining.backbone import (
     backbone_with_mlm_head,
     check_backbone,
@@ -258,6 +259,9 @@ class Condenser(nn.Module):
         token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``[B, H]`` late [CLS] vectors ``h_cls^late``, the backbone alone (the fine-tuning encoder's output)."""
+        if self.packed:
+            hidden, packing = packed_states(self.backbone, input_ids, attention_mask, token_type_ids)
+            return hidden[packing.first]
         return self.backbone_states(input_ids, attention_mask, token_type_ids)[1][:, 0]
 
     def mlm_loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -280,6 +284,8 @@ class Condenser(nn.Module):
             labels: ``[B, L]`` original ids at the masked positions, -100 elsewhere.
             token_type_ids: ``[B, L]`` or ``None``.
         """
+        if self.packed:
+            return self._forward_packed(input_ids, attention_mask, labels, token_type_ids)
         early, late = self.backbone_states(input_ids, attention_mask, token_type_ids)  # [B, L, H] each
         hidden = torch.cat([late[:, :1], early[:, 1:]], dim=1)  # [B, L, H] [h_cls^late; h^early] (eq. 8)
         mask = layer_attention_mask(self.backbone.config, hidden, attention_mask)
@@ -289,6 +295,41 @@ class Condenser(nn.Module):
         backbone_mlm = self.mlm_loss(late, labels)  # eq. 10, on h^late
         loss = self.config.head_weight * head_mlm + self.config.backbone_weight * backbone_mlm  # eq. 11
         return CondenserOutput(loss, head_mlm, backbone_mlm, late[:, 0])
+
+    # -- the padding-free path (dprflow.models.packed; training.attention: packed) ---------------
+    packed = False
+
+    def check_packable(self) -> None:
+        check_packable(self.backbone, "the Condenser's backbone")
+
+    def _forward_packed(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+    ) -> CondenserOutput:
+        """:meth:`forward` over the batch's ``T`` real tokens only: the same layers and losses."""
+        packing = Packing.of(attention_mask)
+        hidden = packed_embeddings(self.backbone, input_ids, packing, token_type_ids)  # h^0 [T, H] (eq. 4)
+        layers = self.backbone.encoder.layer
+        for layer in layers[: self.config.n_early]:
+            hidden = packed_layer(layer, hidden, packing)
+        early = hidden  # [T, H] (eq. 6)
+        for layer in layers[self.config.n_early :]:
+            hidden = packed_layer(layer, hidden, packing)
+        late = hidden  # h^late (eq. 7)
+        is_cls = torch.zeros(len(late), dtype=torch.bool, device=late.device).index_fill(
+            0, packing.first, True
+        )
+        hidden = torch.where(is_cls[:, None], late, early)  # [h_cls^late; h^early] (eq. 8)
+        for layer in self.head:
+            hidden = packed_layer(layer, hidden, packing)  # [h_cls^cd; h^cd]
+        labels = packing.pack(labels)  # [T]
+        head_mlm = self.mlm_loss(hidden, labels)  # eq. 9
+        backbone_mlm = self.mlm_loss(late, labels)  # eq. 10
+        loss = self.config.head_weight * head_mlm + self.config.backbone_weight * backbone_mlm  # eq. 11
+        return CondenserOutput(loss, head_mlm, backbone_mlm, late[packing.first])
 
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
         """Gradient checkpointing in the backbone (the head is 2 layers)."""
