@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForMaskedLM, BertModel
 
-from dprflow.finetuning.biencoder import BiEncoder
+from dprflow.finetuning.biencoder import BiEncoder, length_grouping_pays
 from dprflow.finetuning.losses import contrastive_loss
 from dprflow.models.packed import (
     Packing,
@@ -20,7 +20,8 @@ from dprflow.models.packed import (
     varlen_attention,
 )
 from dprflow.pretraining.condenser.model import Condenser, CondenserConfig
-from dprflow.training.speed import set_attention
+from dprflow.training.batches import StepBatches, split_rows, with_packing
+from dprflow.training.speed import set_attention, to_device
 
 MASK = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0]])
 
@@ -200,3 +201,49 @@ def test_a_retriever_stage_trained_packed_logs_the_padded_runs_losses(train_data
     )
     assert len(padded) == len(packed) == 6
     torch.testing.assert_close(torch.tensor(packed.values), torch.tensor(padded.values), rtol=1e-4, atol=1e-5)
+
+
+def test_the_batch_carries_its_packing_made_on_the_host():
+    """with_packing: a packing beside each [B, L] attention mask (with the MLM targets' packed
+    positions when the mapping has labels), kept through pinning and the copy to the device; a
+    micro-batch cut from the batch makes its own (Packing.usable)."""
+    labels = torch.full(MASK.shape, -100)
+    labels[1, 2], labels[3, 0] = 7, 9
+    batch = with_packing(
+        ({"input_ids": MASK, "attention_mask": MASK}, {"attention_mask": MASK, "labels": labels})
+    )
+    first, second = batch
+    assert first["packing"].cu_seqlens.tolist() == [0, 3, 8, 10, 14] and first["packing"].mlm is None
+    assert second["packing"].mlm.tolist() == [5, 10]  # row 1 position 2, row 3 position 0
+    moved = to_device(batch, torch.device("cpu"))
+    assert moved[1]["packing"].mlm.tolist() == [5, 10]
+    half = split_rows(batch[1], 2)[0]  # rows 0-1: the whole batch's packing is not theirs
+    assert Packing.usable(half["packing"], half["attention_mask"]).cu_seqlens.tolist() == [0, 3, 8]
+    assert Packing.usable(second["packing"], MASK) is second["packing"]
+    assert with_packing({"q_attention_mask": MASK}) == {"q_attention_mask": MASK}  # no mask of its own
+
+
+def test_step_batches_carry_packings_only_when_the_trainer_packs():
+    items = list(range(8))
+    batches = StepBatches(items, lambda rng, its: {"attention_mask": MASK[: len(its)]}, seed=1, batch_size=4)
+    assert "packing" not in batches[0]
+    batches.packed = True
+    assert batches[0]["packing"].shape == (4, 5)
+
+
+def test_condenser_with_the_hosts_packing_is_the_same_step():
+    torch.manual_seed(0)
+    model = Condenser(BertForMaskedLM(micro_config()).bert, config=CondenserConfig(n_head_layers=2)).eval()
+    model.packed = True
+    inputs = batch(MASK, seed=3)
+    labels = torch.full(MASK.shape, -100)
+    labels[MASK.bool() & (torch.arange(5) % 2 == 0)] = 11
+    plain = model(inputs["input_ids"], MASK, labels)
+    given = model(inputs["input_ids"], MASK, labels, packing=Packing.of(MASK, labels != -100))
+    for name in ("loss", "head_mlm", "backbone_mlm", "cls"):
+        torch.testing.assert_close(getattr(given, name), getattr(plain, name))
+
+
+@pytest.mark.parametrize("device, pays", [("cpu", True), ("cuda", False)])
+def test_length_groups_only_where_they_pay(device, pays):
+    assert length_grouping_pays(device) is pays

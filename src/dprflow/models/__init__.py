@@ -4,7 +4,8 @@
   a hub id), and its tokenizer;
 - :mod:`.st_format`: the sentence-transformers folder format read and written, model cards;
 - :mod:`.pooling`: token vectors pooled into a text's embedding (CLS or mean);
-- :mod:`.texts`: the text an encoder reads for a passage (``title [SEP] text``).
+- :mod:`.texts`: the text an encoder reads for a passage (``title [SEP] text``);
+- :mod:`.packed`: padding-free training steps (a batch's real tokens packed into one sequence).
 
 Pre-training and fine-tuning both stand on this package; it imports neither.
 """

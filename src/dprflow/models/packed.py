@@ -28,6 +28,7 @@ weights, their names and the saved checkpoints are those of the padded model.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,11 +73,14 @@ class Packing:
     positions: torch.Tensor
     cu_seqlens: torch.Tensor
     shape: tuple[int, int]
+    mlm: torch.Tensor | None = None  # the packed positions with an MLM target, when labels were given
 
     @classmethod
-    def of(cls, attention_mask: torch.Tensor) -> Packing:
-        """The packing of a batch whose ``attention_mask`` is 1 at its real tokens. One host sync
-        (``nonzero``: how many tokens there are)."""
+    def of(cls, attention_mask: torch.Tensor, targets: torch.Tensor | None = None) -> Packing:
+        """The packing of a batch whose ``attention_mask`` is 1 at its real tokens (and, given
+        ``targets``, True where the batch has an MLM target, where those lie). On a GPU this waits
+        for the device once (``nonzero``: how many tokens there are); built on the host with the
+        batch (:func:`dprflow.training.batches.with_packing`), it never does."""
         if attention_mask.dim() != 2:
             raise ValueError(
                 f"a packed batch needs a [B, L] attention mask; got shape {tuple(attention_mask.shape)}"
@@ -86,7 +90,32 @@ class Packing:
         cu_seqlens = F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
         index = mask.flatten().nonzero().squeeze(1)
         length = mask.shape[1]
-        return cls(index, index // length, index % length, cu_seqlens, (mask.shape[0], length))
+        mlm = None
+        if targets is not None:
+            mlm = targets.flatten()[index].nonzero().squeeze(1)
+        return cls(index, index // length, index % length, cu_seqlens, (mask.shape[0], length), mlm)
+
+    @classmethod
+    def usable(cls, given: Packing | None, attention_mask: torch.Tensor) -> Packing:
+        """``given`` (built with the batch) when it is this batch's, else one made now: a
+        micro-batch or a gradient-cache chunk holds fewer rows than the batch it was cut from."""
+        if given is not None and given.shape == tuple(attention_mask.shape):
+            return given
+        return cls.of(attention_mask)
+
+    def to(self, device: torch.device | str, non_blocking: bool = True) -> Packing:
+        return dataclasses.replace(
+            self, **{k: v.to(device, non_blocking=non_blocking) for k, v in self._tensors()}
+        )
+
+    def pin_memory(self) -> Packing:
+        """Page-locked copies (the DataLoader calls this on a batch's objects): copied to the GPU
+        without making the host wait."""
+        return dataclasses.replace(self, **{k: v.pin_memory() for k, v in self._tensors()})
+
+    def _tensors(self) -> list[tuple[str, torch.Tensor]]:
+        fields = ("index", "rows", "positions", "cu_seqlens", "mlm")
+        return [(k, getattr(self, k)) for k in fields if getattr(self, k) is not None]
 
     @property
     def max_len(self) -> int:
@@ -192,7 +221,7 @@ def packed_states(
 ) -> tuple[torch.Tensor, Packing]:
     """``(last hidden states [T, H], packing)`` of a BERT encoder over a padded batch's real tokens:
     ``AutoModel``'s ``last_hidden_state[mask]`` without the padding's work."""
-    packing = packing or Packing.of(attention_mask)
+    packing = Packing.usable(packing, attention_mask)
     hidden = packed_embeddings(model, input_ids, packing, token_type_ids)
     for layer in model.encoder.layer:
         hidden = packed_layer(layer, hidden, packing)

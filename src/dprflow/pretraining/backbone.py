@@ -91,17 +91,25 @@ def freeze_pooler(backbone: nn.Module) -> None:
         pooler.requires_grad_(False)
 
 
-def mlm_loss(lm_head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def mlm_loss(
+    lm_head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor | None = None
+) -> torch.Tensor:
     """Cross-entropy of ``W h_i`` against ``x_i``, averaged over the masked positions.
 
     The papers write a sum over masked tokens; like BERT, Hugging Face's ``BertForMaskedLM`` and
     the reference implementations, this is the mean (0 when nothing is masked). Only the masked
-    positions go through ``W`` (``[M, V]`` logits instead of ``[B, L, V]``).
+    positions go through ``W`` (``[M, V]`` logits instead of ``[B, L, V]``). ``positions``: the
+    masked positions' indices, found on the host with the batch (a packed batch's
+    :attr:`~dprflow.models.packed.Packing.mlm`), so the GPU is not waited for to learn ``M``.
     """
-    selected = labels != IGNORE_INDEX  # [B, L]
+    if positions is None:
+        selected = labels != IGNORE_INDEX  # [B, L] (or [T])
+        count = selected.sum().clamp(min=1)
+    else:
+        selected, count = positions, max(len(positions), 1)
     logits = lm_head(hidden[selected])  # [M, V]
     total = F.cross_entropy(logits, labels[selected], reduction="sum")
-    return total / selected.sum().clamp(min=1)
+    return total / count
 
 
 def save_with_extras(

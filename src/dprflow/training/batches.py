@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dprflow.models.packed import Packing
 from dprflow.pretraining.masking import IGNORE_INDEX
 
 
@@ -68,6 +69,7 @@ class StepBatches(torch.utils.data.Dataset):
         self.batch_size = batch_size
         self.local_batch = batch_size // world_size
         self.rank = rank
+        self.packed = False  # True: each batch carries its packing (the Trainer's packed steps)
 
     def epoch_and_index(self, step: int) -> tuple[int, int]:
         """The epoch of global step ``step`` (0-based) and the step's place in it."""
@@ -87,7 +89,8 @@ class StepBatches(torch.utils.data.Dataset):
             batch = self.make_batch(rng, items, self.epoch_and_index(step)[0])
         else:
             batch = self.make_batch(rng, items)
-        return pad_to_multiple(batch, self.pad_multiple, self.pad_id)
+        batch = pad_to_multiple(batch, self.pad_multiple, self.pad_id)
+        return with_packing(batch) if self.packed else batch
 
 
 # What a padded position of a [B, L] token tensor holds, by the end of its name in a batch
@@ -130,6 +133,27 @@ def _pad_value(key: str, value: Any, multiple: int, pad_id: int) -> Any:
     length = value.size(1)
     extra = -length % multiple
     return torch.nn.functional.pad(value, (0, extra), value=fill) if extra else value
+
+
+def with_packing(batch: Any) -> Any:
+    """``batch`` with a ``packing`` (:class:`~dprflow.models.packed.Packing`, from its
+    ``attention_mask`` and ``labels``)
+    beside the tensors of each of its mappings that holds a ``[B, L]`` ``attention_mask`` (nested in
+    tuples and lists): made on the host while the batch is built (the DataLoader's workers, or
+    between steps while the GPU runs the last one), so the packed step never waits for the GPU to
+    learn its sizes."""
+    if isinstance(batch, Mapping):
+        mask = batch.get("attention_mask")
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+            return batch
+        labels = batch.get("labels")
+        targets = None if labels is None else labels != IGNORE_INDEX
+        packed = {**batch, "packing": Packing.of(mask, targets)}
+        return packed if type(batch) is dict else type(batch)(packed)
+    if isinstance(batch, (tuple, list)):
+        parts = [with_packing(v) for v in batch]
+        return type(batch)(*parts) if hasattr(batch, "_fields") else type(batch)(parts)
+    return batch
 
 
 def _as_is(batch: Any) -> Any:

@@ -30,7 +30,7 @@ import torch
 
 from dprflow import hardware
 from dprflow.hardware import AMPERE, DeviceInfo
-from dprflow.models.packed import PACKED, set_packed
+from dprflow.models.packed import PACKED, Packing, set_packed
 from dprflow.precision import autocast as precision_autocast
 from dprflow.precision import resolve_precision
 
@@ -158,11 +158,13 @@ def transformers_in(model: torch.nn.Module) -> list[torch.nn.Module]:
     return found
 
 
-def set_attention(model: torch.nn.Module, attention: str) -> None:
+def set_attention(model: torch.nn.Module, attention: str) -> bool:
     """Every Transformer of ``model`` on the attention kernel ``attention`` (sdpa, eager,
     flash_attention_2); the same function, computed by another kernel. ``packed``: the models
     with a padding-free path (:mod:`dprflow.models.packed`: the retriever, the Condenser) take
-    it, their padded calls and every other model sdpa."""
+    it, their padded calls and every other model sdpa. Returns whether some module runs packed
+    (its batches then carry their packing, :func:`dprflow.training.batches.with_packing`)."""
+    switched = []
     if attention == PACKED:
         switched = set_packed(model, True)
         log.info(
@@ -173,6 +175,7 @@ def set_attention(model: torch.nn.Module, attention: str) -> None:
         if module.config._attn_implementation != attention:
             module.set_attn_implementation(attention)
             log.info("attention of %s: %s", type(module).__name__, attention)
+    return bool(switched)
 
 
 def layers_in(module: torch.nn.Module) -> list[torch.nn.Module]:
@@ -204,7 +207,7 @@ def to_device(batch: Any, device: torch.device) -> Any:
     """``batch`` (tensors nested in dicts, tuples, lists) on ``device``; copies from pinned memory
     do not block the host, so the next batch is built while this one is copied. A batch already
     there is returned as it is (the same object)."""
-    if isinstance(batch, torch.Tensor):
+    if isinstance(batch, (torch.Tensor, Packing)):
         return batch.to(device, non_blocking=True)
     if isinstance(batch, Mapping):
         moved = {key: to_device(value, device) for key, value in batch.items()}

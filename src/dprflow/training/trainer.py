@@ -244,7 +244,8 @@ class Trainer:
             # ids) need none, and the recomputation replays the forward's dropout masks.
             enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             log.info("gradient checkpointing on")
-        set_attention(model, args.attention)
+        # packed steps: each batch carries its packing, made on the host as the batch is built
+        self.batches.packed = set_attention(model, args.attention)
         set_tf32(self.device_info, args.tf32)
         model = model.to(device)
         if args.compile:

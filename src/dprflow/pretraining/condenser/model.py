@@ -264,10 +264,12 @@ class Condenser(nn.Module):
             return hidden[packing.first]
         return self.backbone_states(input_ids, attention_mask, token_type_ids)[1][:, 0]
 
-    def mlm_loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def mlm_loss(
+        self, hidden: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Cross-entropy of ``W h_i`` against ``x_i``, mean over the masked positions (eq. 9, 10;
         the papers' sum normalised by the masked count, as BERT does): see :func:`mlm_loss`."""
-        return mlm_loss(self.lm_head, hidden, labels)
+        return mlm_loss(self.lm_head, hidden, labels, positions)
 
     def forward(
         self,
@@ -275,6 +277,7 @@ class Condenser(nn.Module):
         attention_mask: torch.Tensor,
         labels: torch.Tensor,
         token_type_ids: torch.Tensor | None = None,
+        packing: Packing | None = None,
     ) -> CondenserOutput:
         """Both MLM losses of a masked batch (eq. 6-11) and the late [CLS] vectors.
 
@@ -283,9 +286,11 @@ class Condenser(nn.Module):
             attention_mask: ``[B, L]``, 0 at padding.
             labels: ``[B, L]`` original ids at the masked positions, -100 elsewhere.
             token_type_ids: ``[B, L]`` or ``None``.
+            packing: the packed path's :class:`~dprflow.models.packed.Packing` of this batch, made
+                with it on the host (``None``: made here when packed; ignored when not).
         """
         if self.packed:
-            return self._forward_packed(input_ids, attention_mask, labels, token_type_ids)
+            return self._forward_packed(input_ids, attention_mask, labels, token_type_ids, packing)
         early, late = self.backbone_states(input_ids, attention_mask, token_type_ids)  # [B, L, H] each
         hidden = torch.cat([late[:, :1], early[:, 1:]], dim=1)  # [B, L, H] [h_cls^late; h^early] (eq. 8)
         mask = layer_attention_mask(self.backbone.config, hidden, attention_mask)
@@ -308,9 +313,10 @@ class Condenser(nn.Module):
         attention_mask: torch.Tensor,
         labels: torch.Tensor,
         token_type_ids: torch.Tensor | None,
+        packing: Packing | None = None,
     ) -> CondenserOutput:
         """:meth:`forward` over the batch's ``T`` real tokens only: the same layers and losses."""
-        packing = Packing.of(attention_mask)
+        packing = Packing.usable(packing, attention_mask)
         hidden = packed_embeddings(self.backbone, input_ids, packing, token_type_ids)  # h^0 [T, H] (eq. 4)
         layers = self.backbone.encoder.layer
         for layer in layers[: self.config.n_early]:
@@ -326,8 +332,8 @@ class Condenser(nn.Module):
         for layer in self.head:
             hidden = packed_layer(layer, hidden, packing)  # [h_cls^cd; h^cd]
         labels = packing.pack(labels)  # [T]
-        head_mlm = self.mlm_loss(hidden, labels)  # eq. 9
-        backbone_mlm = self.mlm_loss(late, labels)  # eq. 10
+        head_mlm = self.mlm_loss(hidden, labels, packing.mlm)  # eq. 9
+        backbone_mlm = self.mlm_loss(late, labels, packing.mlm)  # eq. 10
         loss = self.config.head_weight * head_mlm + self.config.backbone_weight * backbone_mlm  # eq. 11
         return CondenserOutput(loss, head_mlm, backbone_mlm, late[packing.first])
 
