@@ -210,8 +210,8 @@ def length_grouping_pays(device_type: str) -> bool:
     """Whether encoding a batch in length groups saves time on this device: on a CPU, where
     time follows the padded tokens (the default run's training 180 -> 112 s); not on a GPU, where
     a BERT-base retriever step at 64 x 8 passages of 128 tokens is bound by the host's kernel
-    launches and syncs, and four groups' launches halved it (H200: 289,106 tokens/s whole, 176,125
-    in groups; bench/RESULTS.md). There ``training.attention: packed`` removes the padding."""
+    launches and syncs, and four groups' launches halved it (H200: 176,125 tokens/s in groups,
+    342,695 whole; bench/RESULTS.md). There ``training.attention: packed`` removes the padding."""
     return device_type == "cpu"
 
 

@@ -137,11 +137,10 @@ def _pad_value(key: str, value: Any, multiple: int, pad_id: int) -> Any:
 
 def with_packing(batch: Any) -> Any:
     """``batch`` with a ``packing`` (:class:`~dprflow.models.packed.Packing`, from its
-    ``attention_mask`` and ``labels``)
-    beside the tensors of each of its mappings that holds a ``[B, L]`` ``attention_mask`` (nested in
-    tuples and lists): made on the host while the batch is built (the DataLoader's workers, or
-    between steps while the GPU runs the last one), so the packed step never waits for the GPU to
-    learn its sizes."""
+    ``attention_mask`` and ``labels``) beside the tensors of each of its mappings that holds a
+    ``[B, L]`` ``attention_mask`` (nested in tuples and lists): made on the host while the batch is
+    built (the DataLoader's workers, or between steps while the GPU runs the last one), so the
+    packed step never waits for the GPU to learn its sizes."""
     if isinstance(batch, Mapping):
         mask = batch.get("attention_mask")
         if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
