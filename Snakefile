@@ -1,7 +1,7 @@
 # dprflow: dense passage retrieval pre-training and fine-tuning, end to end.
 # This file only sets things up; each stage family's rules live in rules/<family>.smk, the input
-# functions, flags and resource estimates they call in rules/functions/<family>.smk, and each rule
-# runs one module, python -m dprflow.stages.<rule>.
+# functions, flags and resource estimates they call in src/dprflow/plan/ (two Snakemake-bound ones
+# in rules/functions/), and each rule runs one module, python -m dprflow.stages.<rule>.
 
 import sys
 
@@ -48,9 +48,7 @@ include: "rules/functions/selection.smk"
 include: "rules/retriever.smk"
 include: "rules/reranker.smk"
 include: "rules/selection.smk"
-include: "rules/functions/evaluation.smk"
 include: "rules/evaluation.smk"
-include: "rules/functions/report.smk"
 include: "rules/report.smk"
 
 
@@ -59,7 +57,7 @@ include: "rules/report.smk"
 # every stage refuses such an input (dprflow.provenance.cached_sha256). Only where the workflow is
 # planned: a cluster job parses this file again while other jobs may be rewriting those folders.
 if workflow.is_main_process:
-    refuse_changed(hub_folders() + FINETUNE.faiss_index_dirs())
+    refuse_changed(REPORT.hub_folders() + FINETUNE.faiss_index_dirs())
 
 
 # Bookkeeping rules run where Snakemake runs, not as cluster jobs.
@@ -84,7 +82,7 @@ rule all:
     input:
         rules.compare.output,
         COLLECTIONS.trec_qrels_files(),
-        hub_folders(),
-        nb_recall_files(),
+        REPORT.hub_folders(),
+        REPORT.nb_recall_files(),
         FINETUNE.faiss_index_dirs(),
         rules.report_results.output,

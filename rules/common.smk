@@ -1,10 +1,11 @@
 # What the rules share: paths, config sections, wildcard patterns and the plan's objects
 # (dprflow.plan: ROWS the rows a run scores, COLLECTIONS each collection's settings and where a row
 # is scored, MODELS the models jobs start from, PRETRAIN, DOC2QUERY, SELECTION and FINETUNE each
-# family's inputs and flags, RESOURCES what jobs ask a cluster for), whose methods the rules name
-# as input, params and resources functions; ruff and the unit tests read them there. The few
-# helpers left in rules/functions/<family>.smk (the evaluation's and the report's file lists)
-# are not yet moved; no file mixes rules and functions (snakemake --lint). No rule lives here.
+# family's inputs and flags, REPORT what the comparison and the report read, RESOURCES what jobs
+# ask a cluster for), whose methods the rules name as input, params and resources functions; ruff
+# and the unit tests read them there. Two helpers bound to Snakemake or to two plan objects stay
+# in rules/functions/ (embeddings_output's temp(), training_split); no file mixes rules and
+# functions (snakemake --lint). No rule lives here.
 #
 # The flags of a rule's params are functions of the wildcards only, never of `input`: Snakemake
 # leaves params that take `input` out of its params-changed rerun trigger (snakemake issue 3895),
@@ -31,6 +32,7 @@ from dprflow.plan.finetune import FinetunePlan, run_tag
 from dprflow.plan.models import ModelPlan
 from dprflow.plan.run_rows import RunRows
 from dprflow.plan.selection import SelectionPlan
+from dprflow.plan.report import ReportPlan, compare_results_dir, report_results_dir
 from dprflow.plan.resources import ResourceEstimates, training_launcher
 from dprflow.plan.pretrain import (
     TOKEN_VIEWS,
@@ -156,3 +158,6 @@ FINETUNE = FinetunePlan(config, SCHEMA, RESULTS, MODELS, SELECTION, RESOURCES, R
 
 # The doc2query generator's inputs and flags (query-as-context): dprflow.plan.doc2query.
 DOC2QUERY = Doc2QueryPlan(config, SCHEMA, RESULTS, COLLECTIONS)
+
+# What the comparison and the report read, and the run's end checks: dprflow.plan.report.
+REPORT = ReportPlan(config, RESULTS, ROWS, MODELS, REFERENCES)

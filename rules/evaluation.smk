@@ -35,8 +35,8 @@ rule evaluate:
 rule compare:
     input:
         code=stage_code("compare"),
-        metrics=metrics_files(),
-        encoders=encoder_files(),
+        metrics=REPORT.metrics_files(),
+        encoders=REPORT.encoder_files(),
         selections=SELECTION.selection_files(),
     output:
         md=f"{RESULTS}/compare.md",
@@ -53,7 +53,7 @@ rule compare:
         runtime=10,
     params:
         metrics=config["evaluation"]["metrics"],
-        methods=row_order(),
+        methods=REPORT.row_order(),
         baseline=config["evaluation"]["baseline"],
         also_against=config["evaluation"]["also_against"],
         results=compare_results_dir,

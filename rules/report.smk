@@ -7,8 +7,8 @@ rule report_results:
         code=stage_code("report_results"),
         csv=rules.compare.output.csv,
         md=rules.compare.output.md,
-        nb_recall=nb_recall_files(),
-        models=training_model_dirs(),
+        nb_recall=REPORT.nb_recall_files(),
+        models=REPORT.training_model_dirs(),
     output:
         loss=report(
             f"{RESULTS}/report/training_loss.png",
@@ -53,7 +53,7 @@ rule report_results:
     params:
         results=report_results_dir,
         metric=config["evaluation"]["metrics"][0],
-        config=config_json(),
+        config=REPORT.config_json(),
     shell:
         "python -m dprflow.stages.report_results --compare-csv {input.csv:q} --compare-md {input.md:q}"
         " --results-dir {params.results:q} --config-json {params.config:q} --metric {params.metric:q}"
@@ -68,7 +68,7 @@ rule check:
     input:
         code=stage_code("check"),
         csv=rules.compare.output.csv,
-        expected=expected_metrics_file,
+        expected=REPORT.expected_metrics_file,
     output:
         report=f"{RESULTS}/check.txt",
     log:

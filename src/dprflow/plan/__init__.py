@@ -11,6 +11,8 @@
 - :mod:`.collections`: each collection's settings and splits, where a row is scored, ingest;
 - :mod:`.pretrain`, :mod:`.doc2query`, :mod:`.selection`, :mod:`.finetune`: each family's inputs
   and flags;
+- :mod:`.report`: what the comparison and the report read (metrics, encoders, trained models'
+  folders, the recorded config);
 - :mod:`.resources`: what a job asks a cluster for, and how a training job starts.
 
 The rules build one object of each from the config (rules/common.smk) and name its methods as
