@@ -21,6 +21,15 @@ def test_the_records_are_the_schemas_methods():
     assert all(m.reproduces for m in methods.METHODS)
 
 
+def test_every_pre_trained_model_card_cites_its_methods_paper():
+    from dprflow.models.st_format import METHOD_PAPERS
+
+    pretrained = [m.name for m in methods.METHODS if m.family]
+    assert all(methods.BY_NAME[name].citation for name in pretrained)
+    assert not any(m.citation for m in methods.METHODS if not m.family)  # nothing pre-trained to cite
+    assert list(METHOD_PAPERS) == ["mlm", *pretrained]  # and the MLM base's card cites BERT
+
+
 def test_every_method_is_on_the_methods_page():
     page = (ROOT / "docs" / "methods.md").read_text()
     table = page.split("| method | what the loss is fed (pre-training) | paper |")[1].split("\n\n")[0]

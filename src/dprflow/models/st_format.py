@@ -27,6 +27,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dprflow.plan.methods import METHODS
+
 POOLINGS = ("cls", "mean")
 SIMILARITIES = ("dot", "cosine")
 
@@ -332,17 +334,14 @@ def write_cross_encoder_files(
 # ---- model cards ---------------------------------------------------------------------------------
 
 # The pre-training each method's encoder went through, with its paper.
-METHOD_PAPERS = {
-    "mlm": "BERT's masked language model from random weights (Devlin et al., NAACL 2019, 'BERT: Pre-training of Deep Bidirectional Transformers for Language Understanding', section 3.1)",
-    "condenser": "Condenser (Gao & Callan, EMNLP 2021, 'Condenser: a Pre-training Architecture for Dense Retrieval')",
-    "cocondenser": "coCondenser (Gao & Callan, ACL 2022, 'Unsupervised Corpus Aware Language Model Pre-training for Dense Passage Retrieval')",
-    "contriever": "Contriever (Izacard et al., TMLR 2022, 'Unsupervised Dense Information Retrieval with Contrastive Learning')",
-    "bmae": "bottlenecked masked auto-encoder, the baseline of CDMAE ('Challenging Decoder helps in Masked Auto-Encoder Pre-training for Dense Passage Retrieval', section 3.1)",
-    "cdmae": "CDMAE ('Challenging Decoder helps in Masked Auto-Encoder Pre-training for Dense Passage Retrieval', section 3.2)",
-    "cotmae": "CoT-MAE (Wu et al., AAAI 2023, 'ConTextual Masked Auto-Encoder for Dense Passage Retrieval'), as in query-as-context section 2.2",
-    "qac-cocondenser": "query-as-context pre-training on coCondenser (Wu et al., EMNLP 2023, 'Query-as-context Pre-training for Dense Passage Retrieval', section 3.2)",
-    "qac-cotmae": "query-as-context pre-training on CoT-MAE (Wu et al., EMNLP 2023, 'Query-as-context Pre-training for Dense Passage Retrieval', section 3.2)",
-}
+# What a pre-trained model's card says it is: the MLM base, or a method's paper as its record in
+# dprflow.plan.methods cites it (the keys are also the methods whose outputs have a pre-training
+# folder, _pretraining_method).
+MLM_PAPER = (
+    "BERT's masked language model from random weights (Devlin et al., NAACL 2019, 'BERT: Pre-training "
+    "of Deep Bidirectional Transformers for Language Understanding', section 3.1)"
+)
+METHOD_PAPERS = {"mlm": MLM_PAPER, **{m.name: m.citation for m in METHODS if m.family}}
 ROLES = {
     "r1": "retriever 1: contrastive fine-tuning on BM25 negatives (coCondenser section 4.1, CDMAE section 3.4)",
     "r2": "retriever 2: contrastive fine-tuning on hard negatives mined with retriever 1 (coCondenser section 4.1)",

@@ -35,6 +35,9 @@ class Method:
     # its rows fine-tune at its pre-training temperature (pretrain.<name>.temperature) when the
     # fine-tuning section sets none
     pretraining_temperature: bool = False
+    # the paper as a pre-trained model's card cites it (models/st_format.py); every method with a
+    # pre-training family has one
+    citation: str = ""
 
     @property
     def encoder(self) -> str | None:
@@ -57,6 +60,7 @@ METHODS = (
         "Condenser (Gao and Callan 2021) section 3.3, eq. 9-11",
         generic="condenser",
         family="condenser",
+        citation="Condenser (Gao & Callan, EMNLP 2021, 'Condenser: a Pre-training Architecture for Dense Retrieval')",
     ),
     Method(
         "cocondenser",
@@ -64,6 +68,7 @@ METHODS = (
         corpus_stage=True,
         generic="condenser",
         family="condenser",
+        citation="coCondenser (Gao & Callan, ACL 2022, 'Unsupervised Corpus Aware Language Model Pre-training for Dense Passage Retrieval')",
     ),
     Method(
         "contriever",
@@ -73,6 +78,7 @@ METHODS = (
         pooling="mean",
         zeroshot_row=True,
         pretraining_temperature=True,  # Appendix A: "a temperature of 0.05, also used during pretraining"
+        citation="Contriever (Izacard et al., TMLR 2022, 'Unsupervised Dense Information Retrieval with Contrastive Learning')",
     ),
     Method(
         "bmae",
@@ -80,6 +86,7 @@ METHODS = (
         corpus_stage=True,
         generic="bmae",
         family="mae",
+        citation="bottlenecked masked auto-encoder, the baseline of CDMAE ('Challenging Decoder helps in Masked Auto-Encoder Pre-training for Dense Passage Retrieval', section 3.1)",
     ),
     Method(
         "cdmae",
@@ -87,6 +94,7 @@ METHODS = (
         corpus_stage=True,
         generic="cdmae",
         family="mae",
+        citation="CDMAE ('Challenging Decoder helps in Masked Auto-Encoder Pre-training for Dense Passage Retrieval', section 3.2)",
     ),
     Method(
         "cotmae",
@@ -94,6 +102,7 @@ METHODS = (
         corpus_stage=True,
         generic="cotmae",
         family="mae",
+        citation="CoT-MAE (Wu et al., AAAI 2023, 'ConTextual Masked Auto-Encoder for Dense Passage Retrieval'), as in query-as-context section 2.2",
     ),
     Method(
         "qac-cocondenser",
@@ -102,6 +111,7 @@ METHODS = (
         generic="condenser",
         family="condenser",
         qac_of="cocondenser",
+        citation="query-as-context pre-training on coCondenser (Wu et al., EMNLP 2023, 'Query-as-context Pre-training for Dense Passage Retrieval', section 3.2)",
     ),
     Method(
         "qac-cotmae",
@@ -110,6 +120,7 @@ METHODS = (
         generic="cotmae",
         family="mae",
         qac_of="cotmae",
+        citation="query-as-context pre-training on CoT-MAE (Wu et al., EMNLP 2023, 'Query-as-context Pre-training for Dense Passage Retrieval', section 3.2)",
     ),
 )
 BY_NAME = {m.name: m for m in METHODS}
