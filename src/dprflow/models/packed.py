@@ -29,6 +29,7 @@ weights, their names and the saved checkpoints are those of the padded model.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,8 +42,10 @@ PACKED = "packed"  # the training.attention value that selects this path
 _HALF = (torch.bfloat16, torch.float16)
 
 
+@functools.cache
 def varlen_kernel() -> Any:
-    """torch's variable-length attention (``varlen_attn``), or ``None`` where this torch lacks it."""
+    """torch's variable-length attention (``varlen_attn``), or ``None`` where this torch lacks it
+    (looked up once: every packed layer of every step asks)."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:  # torch < 2.10
