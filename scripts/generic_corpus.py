@@ -712,18 +712,31 @@ def read_text(path: Path) -> str:
 
 
 def package_version(package: str, root: Path) -> str | None:
-    """The installed version (dpkg-query, in the package database under ``root``), or None."""
+    """The installed version (dpkg-query, in the package database under ``root``), or None: also
+    for a package removed with its configuration files kept (dpkg's ``rc``)."""
     try:
         done = subprocess.run(
-            ["dpkg-query", f"--admindir={root / 'var/lib/dpkg'}", "-W", "-f=${Version}", package],
+            [
+                "dpkg-query",
+                f"--admindir={root / 'var/lib/dpkg'}",
+                "-W",
+                "-f=${db:Status-Abbrev}|${Version}",
+                package,
+            ],
             capture_output=True,
             text=True,
             check=False,
         )
     except OSError:
         return None
-    version = done.stdout.strip() if done.returncode == 0 else ""
-    return version or None
+    status, _, version = done.stdout.partition("|")
+    if done.returncode != 0 or not status.startswith("ii"):
+        return None
+    return version.strip() or None
+
+
+def has_package_database(root: Path) -> bool:
+    return (root / "var/lib/dpkg/status").is_file()
 
 
 # ---------------------------------------------------------------- documents
@@ -778,8 +791,17 @@ class Tally:
 
 
 def missing_sources(names: list[str], root: Path) -> list[Source]:
-    """The sources among ``names`` whose folder is not installed under ``root``."""
-    return [SOURCES[name] for name in names if not (root / SOURCES[name].folder).is_dir()]
+    """The sources among ``names`` whose folder is not under ``root`` or, where ``root`` has a
+    package database, whose package is not installed: another package can ship a file in the
+    same folder (perl-modules-5.36 ships /usr/share/perl/5.36/pod/perldiag.pod without perl-doc)."""
+    database = has_package_database(root)
+
+    def missing(source: Source) -> bool:
+        if not (root / source.folder).is_dir():
+            return True
+        return database and package_version(source.package, root) is None
+
+    return [SOURCES[name] for name in names if missing(SOURCES[name])]
 
 
 def install(names: list[str], root: Path) -> int:
@@ -1036,10 +1058,10 @@ def main(argv: list[str] | None = None, tokenizer=None) -> int:
     if args.install:
         return install(args.sources, args.root)
     if missing:
-        folders = ", ".join(str(args.root / source.folder) for source in missing)
+        which = ", ".join(f"{source.package} ({args.root / source.folder})" for source in missing)
         packages = " ".join(source.package for source in missing)
         print(
-            f"error: no such folder: {folders}; install the documentation with: {INSTALL} {packages}",
+            f"error: not installed: {which}; install the documentation with: {INSTALL} {packages}",
             file=sys.stderr,
         )
         return 2

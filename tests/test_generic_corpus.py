@@ -13,6 +13,7 @@ import gzip
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -459,11 +460,45 @@ def test_a_package_not_installed_is_an_error_naming_the_install_command(script, 
     out = tmp_path / "corpus.jsonl"
     assert script.main(["--root", str(root), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert f"no such folder: {root / 'usr/share/perl/5.36/pod'}" in err
+    assert f"not installed: perl-doc ({root / 'usr/share/perl/5.36/pod'})" in err
     assert "apt-get install -y --no-install-recommends perl-doc" in err
     assert not out.exists()
     assert script.main(["--root", str(root), "--missing-packages", "--sources", "python,perl,java"]) == 0
     assert capsys.readouterr().out.strip() == "perl-doc openjdk-17-doc"
+
+
+DPKG_ENTRY = """Package: {package}
+Status: {status}
+Priority: optional
+Section: doc
+Maintainer: Someone <someone@example.org>
+Architecture: all
+Version: 1.0-1
+Description: documentation
+ of something
+
+"""
+
+
+@pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="needs dpkg-query")
+def test_a_folder_another_package_fills_is_not_the_documentation(script, tmp_path, capsys):
+    """Where the root has a package database, a source's package must be installed: Debian's
+    perl-modules-5.36 ships /usr/share/perl/5.36/pod/perldiag.pod, so perl-doc's folder exists
+    without perl-doc, and the corpus was built from that one page."""
+    root = make_tree(tmp_path / "root")
+    installed = [s.package for s in script.SOURCES.values() if s.name not in ("perl", "java")]
+    entries = [DPKG_ENTRY.format(package=p, status="install ok installed") for p in installed]
+    entries.append(DPKG_ENTRY.format(package="perl-doc", status="deinstall ok config-files"))
+    write(root, "var/lib/dpkg/status", "".join(entries))
+    assert script.package_version("git-doc", root) == "1.0-1"
+    assert script.package_version("perl-doc", root) is None  # removed, its configuration kept
+    out = tmp_path / "corpus.jsonl"
+    assert script.main(["--root", str(root), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"not installed: perl-doc ({root / 'usr/share/perl/5.36/pod'})" in err
+    assert not out.exists()
+    assert script.main(["--root", str(root), "--missing-packages"]) == 0
+    assert capsys.readouterr().out.strip() == "perl-doc"
 
 
 def test_the_java_api_documentation_keeps_the_comments_only(script, tokenizer, tmp_path):
