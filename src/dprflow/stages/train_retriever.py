@@ -143,16 +143,10 @@ def train(args: Args) -> None:
 
 
 def fine_tune(args: Args, scratch: str) -> None:
+    """The initial model, its training groups, a check that a step fits, then the training."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    prompts = model_prompts(args.init)
-    if any(prompts.values()):
-        raise StageError(
-            f"{args.init} puts prompts before its inputs ({prompts}; config_sentence_transformers.json); "
-            "fine-tuning does not add them, so the trained model would be fed other inputs than it was "
-            "made for: start from a model without prompts (its off-the-shelf row, model.references, "
-            "uses them)"
-        )
+    refuse_prompts(args.init)
     tokenizer = load_tokenizer(args.init)
     model = BiEncoder.from_pretrained(
         args.init,
@@ -173,7 +167,6 @@ def fine_tune(args: Args, scratch: str) -> None:
     items, counts, texts = read_training_examples(
         args, tokenizer, scratch, args.extra_negatives, args.teacher
     )
-    G = args.group_size
     section = "finetune.distill" if args.teacher else "finetune.retriever"
     check_training_memory(
         model,
@@ -184,78 +177,9 @@ def fine_tune(args: Args, scratch: str) -> None:
         chunk_key=f"{section}.chunk_size",
         attention=args.attention,
     )
-
-    def draw(rng, batch_items):
-        """Each query's group, and the teacher's scores of the groups when distilling."""
-        groups = [sample_group(rng, it, G, args.extra_fraction) for it in batch_items]
-        teacher = None
-        if args.teacher:
-            teacher = torch.tensor(
-                [[it.teacher[pid] for pid in g] for it, g in zip(batch_items, groups, strict=True)]
-            )
-        return groups, teacher
-
-    def from_texts(rng, batch_items):
-        groups, teacher = draw(rng, batch_items)
-        tokenize = dict(truncation=True, padding=True, return_tensors="pt")
-        q = tokenizer([it.text for it in batch_items], max_length=args.max_query_length, **tokenize)
-        p = tokenizer(
-            [texts[pid] for g in groups for pid in g], max_length=args.max_passage_length, **tokenize
-        )
-        return q, p, teacher
-
-    train_items, make_batch = items, from_texts
-    if args.pretokenize:  # the same batches, from ids made once (finetuning/pretokenized.py)
-        tokens = GroupTokens(
-            items,
-            texts,
-            tokenizer,
-            args.max_query_length - 2,
-            args.max_passage_length - 2,
-            Path(scratch) / "tokens",
-        )
-
-        def from_ids(rng, indexed):
-            groups, teacher = draw(rng, [it for _, it in indexed])
-            q = single_batch([tokens.queries[i] for i, _ in indexed], tokenizer, args.max_query_length)
-            p = single_batch(
-                [tokens.passages[pid] for g in groups for pid in g], tokenizer, args.max_passage_length
-            )
-            return q, p, teacher
-
-        train_items, make_batch = from_ids_if_same("train_retriever", items, from_ids, from_texts)
-
-    def loss_fn(q, p, teacher):
-        rank, world = distributed.get_rank(), distributed.get_world_size()
-        offset = rank * q.size(0)
-        p_all = distributed.gather_with_grad(p) if world > 1 else p
-        if teacher is None:
-            return contrastive_loss(q, p_all, group_size=G, temperature=model.temperature, rank_offset=offset)
-        return distillation_loss(
-            q,
-            p_all,
-            teacher,
-            group_size=G,
-            alpha=args.alpha,
-            temperature=model.temperature,
-            direction=args.direction,
-            rank_offset=offset,
-            student_over=args.student_over,
-        )
-
-    def step(m, batch, backward):
-        q_in, p_in, teacher = batch
-        device = next(m.parameters()).device
-        teacher = None if teacher is None else teacher.to(device)
-        return biencoder_step(
-            m,
-            q_in.to(device),
-            p_in.to(device),
-            lambda q, p: loss_fn(q, p, teacher),
-            args.chunk_size,
-            backward,
-        )
-
+    batches = GroupBatches(args, tokenizer, texts)
+    train_items, make_batch = batches.from_ids_or_texts(items, Path(scratch) / "tokens")
+    step = RetrieverStep(args, model.temperature)
     train_and_save(
         model,
         train_items,
@@ -267,6 +191,113 @@ def fine_tune(args: Args, scratch: str) -> None:
         {"training_queries": counts},
         manual_backward=True,
     )
+
+
+def refuse_prompts(init: str) -> None:
+    prompts = model_prompts(init)
+    if any(prompts.values()):
+        raise StageError(
+            f"{init} puts prompts before its inputs ({prompts}; config_sentence_transformers.json); "
+            "fine-tuning does not add them, so the trained model would be fed other inputs than it was "
+            "made for: start from a model without prompts (its off-the-shelf row, model.references, "
+            "uses them)"
+        )
+
+
+class GroupBatches:
+    """A batch of queries, each with its group (a positive and ``group_size - 1`` negatives), as
+    the queries' and the passages' model inputs and, when distilling, the teacher's scores of
+    the groups: tokenized per batch (``from_texts``) or assembled from ids tokenized once."""
+
+    def __init__(self, args: Args, tokenizer, texts) -> None:
+        self.args, self.tokenizer, self.texts = args, tokenizer, texts
+        self.tokens: GroupTokens | None = None
+
+    def draw(self, rng, batch_items):
+        """Each query's group, and the teacher's scores of the groups when distilling."""
+        groups = [sample_group(rng, it, self.args.group_size, self.args.extra_fraction) for it in batch_items]
+        teacher = None
+        if self.args.teacher:
+            teacher = torch.tensor(
+                [[it.teacher[pid] for pid in g] for it, g in zip(batch_items, groups, strict=True)]
+            )
+        return groups, teacher
+
+    def from_texts(self, rng, batch_items):
+        groups, teacher = self.draw(rng, batch_items)
+        tokenize = dict(truncation=True, padding=True, return_tensors="pt")
+        q = self.tokenizer([it.text for it in batch_items], max_length=self.args.max_query_length, **tokenize)
+        p = self.tokenizer(
+            [self.texts[pid] for g in groups for pid in g],
+            max_length=self.args.max_passage_length,
+            **tokenize,
+        )
+        return q, p, teacher
+
+    def from_ids(self, rng, indexed):
+        groups, teacher = self.draw(rng, [it for _, it in indexed])
+        q = single_batch(
+            [self.tokens.queries[i] for i, _ in indexed], self.tokenizer, self.args.max_query_length
+        )
+        p = single_batch(
+            [self.tokens.passages[pid] for g in groups for pid in g],
+            self.tokenizer,
+            self.args.max_passage_length,
+        )
+        return q, p, teacher
+
+    def from_ids_or_texts(self, items, folder: Path):
+        """The training items and their ``make_batch``: from ids made once when
+        ``--pretokenize`` (the same batches, checked on the first; finetuning/pretokenized.py)."""
+        if not self.args.pretokenize:
+            return items, self.from_texts
+        a = self.args
+        self.tokens = GroupTokens(
+            items, self.texts, self.tokenizer, a.max_query_length - 2, a.max_passage_length - 2, folder
+        )
+        return from_ids_if_same("train_retriever", items, self.from_ids, self.from_texts)
+
+
+class RetrieverStep:
+    """A step's loss over a batch: contrastive, or distillation when the batch carries the
+    teacher's scores; each process's queries against the passages of every process."""
+
+    def __init__(self, args: Args, temperature: float) -> None:
+        self.args, self.temperature = args, temperature
+
+    def loss(self, q, p, teacher):
+        rank, world = distributed.get_rank(), distributed.get_world_size()
+        offset = rank * q.size(0)
+        p_all = distributed.gather_with_grad(p) if world > 1 else p
+        a = self.args
+        if teacher is None:
+            return contrastive_loss(
+                q, p_all, group_size=a.group_size, temperature=self.temperature, rank_offset=offset
+            )
+        return distillation_loss(
+            q,
+            p_all,
+            teacher,
+            group_size=a.group_size,
+            alpha=a.alpha,
+            temperature=self.temperature,
+            direction=a.direction,
+            rank_offset=offset,
+            student_over=a.student_over,
+        )
+
+    def __call__(self, m, batch, backward):
+        q_in, p_in, teacher = batch
+        device = next(m.parameters()).device
+        teacher = None if teacher is None else teacher.to(device)
+        return biencoder_step(
+            m,
+            q_in.to(device),
+            p_in.to(device),
+            lambda q, p: self.loss(q, p, teacher),
+            self.args.chunk_size,
+            backward,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
