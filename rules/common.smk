@@ -64,6 +64,11 @@ NAME = plan_rows.NAME
 # A row scored on another collection than the one it was trained on: <row>/on-<collection>, in the
 # training collection's folder (transfer evaluation, collections.<name>.evaluate_on / evaluate_only).
 TRANSFER_SUFFIX = plan_rows.transfer_pattern()
+# The folders of the row grammar (dprflow.plan.rows), as output patterns: one fine-tuning seed's
+# (seed-<seed>) and a row's scores on another collection (on-<target>).
+SEED_DIR = plan_rows.seed_folder("{seed}")
+TRANSFER_DIR = plan_rows.transfer_folder("{target}")
+SEED_PATTERN = plan_rows.seed_folder("[0-9]+")
 
 
 wildcard_constraints:
@@ -107,17 +112,19 @@ FT = config["finetune"]
 
 
 # an encoder whose corpus is encoded and searched: zeroshot, or seed-<seed>/<trained>
-TRAINED_RETRIEVER = "seed-[0-9]+/(r1|r2|distill)"
+TRAINED_RETRIEVER = f"{SEED_PATTERN}/(r1|r2|distill)"
 # a point of finetune.select's grid: retriever 1 trained on the fit part of the training queries
 # (dprflow.finetuning.selection.point_name)
 POINT = "[A-Za-z0-9_.=,-]+"
-SELECT_RETRIEVER = f"seed-[0-9]+/select/{POINT}"
-NATIVE_RETRIEVER = f"zeroshot|{TRAINED_RETRIEVER}|{SELECT_RETRIEVER}"
+SELECT_RETRIEVER = f"{SEED_PATTERN}/select/{POINT}"
+NATIVE_RETRIEVER = f"{plan_rows.ZEROSHOT}|{TRAINED_RETRIEVER}|{SELECT_RETRIEVER}"
 # searched for the held-out training queries (the selection): a grid point, or the model off the
 # shelf (its fusion weight)
-HELDOUT_RETRIEVER = f"zeroshot|{SELECT_RETRIEVER}"
+HELDOUT_RETRIEVER = f"{plan_rows.ZEROSHOT}|{SELECT_RETRIEVER}"
 # searched for its evaluation queries only (no training run to mine): zeroshot, or a transfer
-EVAL_ONLY_RETRIEVER = f"zeroshot|({NATIVE_RETRIEVER})/on-{NAME}"
+EVAL_ONLY_RETRIEVER = (
+    f"{plan_rows.ZEROSHOT}|({NATIVE_RETRIEVER})/{plan_rows.transfer_folder(NAME)}"
+)
 
 
 wildcard_constraints:

@@ -80,16 +80,14 @@ rule compare:
 rule export_model:
     input:
         code=stage_code("export_model"),
-        model=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{stage}}/model",
+        model=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/{{stage}}/model",
         compare=rules.compare.output.csv,
     output:
-        hub=directory(
-            f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{stage}}/hub"
-        ),
+        hub=directory(f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/{{stage}}/hub"),
     log:
-        f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/export_model_{{stage}}.log",
+        f"{LOGS}/{{collection}}/{{method}}/{SEED_DIR}/export_model_{{stage}}.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/seed-{{seed}}/export_model_{{stage}}.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{SEED_DIR}/export_model_{{stage}}.tsv"
     wildcard_constraints:
         stage="|".join(STAGES),
     conda:

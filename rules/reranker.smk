@@ -9,15 +9,13 @@ rule train_reranker:
         queries=rules.ingest.output.queries,
         qrels=rules.ingest.output.qrels,
         passages=rules.split_passages.output.passages,
-        negatives=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/r2/negatives.parquet",
+        negatives=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/r2/negatives.parquet",
     output:
-        model=directory(
-            f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/model"
-        ),
+        model=directory(f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/rerank/model"),
     log:
-        f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/train_reranker.log",
+        f"{LOGS}/{{collection}}/{{method}}/{SEED_DIR}/train_reranker.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/seed-{{seed}}/train_reranker.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{SEED_DIR}/train_reranker.tsv"
     conda:
         "../envs/training.yaml"
     threads: 2
@@ -34,7 +32,7 @@ rule train_reranker:
         init=MODELS.reranker_init(),
         split=COLLECTIONS.train_split,
         flags=FINETUNE.reranker_flags,
-        checkpoints=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/checkpoints",
+        checkpoints=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/rerank/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.train_reranker --init {params.init:q} --queries {input.queries:q}"
         " --qrels {input.qrels:q} --passages {input.passages:q} --negatives {input.negatives:q}"
@@ -47,16 +45,16 @@ rule rerank:
     input:
         code=stage_code("rerank"),
         model=rules.train_reranker.output.model,
-        run=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/r2/run.parquet",
+        run=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/r2/run.parquet",
         queries=rules.ingest.output.queries,
         passages=rules.split_passages.output.passages,
     output:
-        run=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/run.parquet",
-        trec=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/run.trec",
+        run=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/rerank/run.parquet",
+        trec=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/rerank/run.trec",
     log:
-        f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/rerank.log",
+        f"{LOGS}/{{collection}}/{{method}}/{SEED_DIR}/rerank.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/seed-{{seed}}/rerank.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{SEED_DIR}/rerank.tsv"
     conda:
         "../envs/training.yaml"
     threads: 2
@@ -79,16 +77,16 @@ rule rerank_transfer:
     input:
         code=stage_code("rerank"),
         model=rules.train_reranker.output.model,
-        run=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/r2/on-{{target}}/run.parquet",
+        run=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/r2/{TRANSFER_DIR}/run.parquet",
         queries=COLLECTIONS.of_scored_collection(rules.ingest.output.queries),
         passages=COLLECTIONS.of_scored_collection(rules.split_passages.output.passages),
     output:
-        run=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/on-{{target}}/run.parquet",
-        trec=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/on-{{target}}/run.trec",
+        run=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/rerank/{TRANSFER_DIR}/run.parquet",
+        trec=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/rerank/{TRANSFER_DIR}/run.trec",
     log:
-        f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/on-{{target}}/rerank.log",
+        f"{LOGS}/{{collection}}/{{method}}/{SEED_DIR}/{TRANSFER_DIR}/rerank.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/seed-{{seed}}/on-{{target}}/rerank.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{SEED_DIR}/{TRANSFER_DIR}/rerank.tsv"
     conda:
         "../envs/training.yaml"
     threads: 2
@@ -110,16 +108,16 @@ rule score_candidates:
     input:
         code=stage_code("score_candidates"),
         model=rules.train_reranker.output.model,
-        negatives=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/r2/negatives.parquet",
+        negatives=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/r2/negatives.parquet",
         queries=rules.ingest.output.queries,
         qrels=rules.ingest.output.qrels,
         passages=rules.split_passages.output.passages,
     output:
-        scores=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/rerank/teacher_scores.parquet",
+        scores=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/rerank/teacher_scores.parquet",
     log:
-        f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/score_candidates.log",
+        f"{LOGS}/{{collection}}/{{method}}/{SEED_DIR}/score_candidates.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/seed-{{seed}}/score_candidates.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{SEED_DIR}/score_candidates.tsv"
     conda:
         "../envs/training.yaml"
     threads: 2

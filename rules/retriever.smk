@@ -16,12 +16,12 @@ rule train_retriever:
         passages=rules.split_passages.output.passages,
     output:
         model=directory(
-            f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{trained}}/model"
+            f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/{{trained}}/model"
         ),
     log:
-        f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/train_retriever_{{trained}}.log",
+        f"{LOGS}/{{collection}}/{{method}}/{SEED_DIR}/train_retriever_{{trained}}.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/seed-{{seed}}/train_retriever_{{trained}}.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{SEED_DIR}/train_retriever_{{trained}}.tsv"
     # on the longest chain (negatives, trainings): ahead of other ready jobs, e.g. zero-shot encoding
     priority: 1
     conda:
@@ -40,7 +40,7 @@ rule train_retriever:
         init=MODELS.method_init,
         split=training_split,
         flags=FINETUNE.retriever_flags,
-        checkpoints=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{trained}}/checkpoints",
+        checkpoints=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/{{trained}}/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.train_retriever --init {params.init:q} --queries {input.queries:q}"
         " --qrels {input.qrels:q} --passages {input.passages:q} --negatives {input.negatives:q}"
@@ -187,15 +187,15 @@ rule export_faiss:
 rule mine_negatives:
     input:
         code=stage_code("mine_negatives"),
-        run=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{trained}}/train_run.parquet",
+        run=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/{{trained}}/train_run.parquet",
         qrels=rules.ingest.output.qrels,
         passages=rules.split_passages.output.passages,
     output:
-        negatives=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/{{trained}}/negatives.parquet",
+        negatives=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/{{trained}}/negatives.parquet",
     log:
-        f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/mine_negatives_{{trained}}.log",
+        f"{LOGS}/{{collection}}/{{method}}/{SEED_DIR}/mine_negatives_{{trained}}.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/seed-{{seed}}/mine_negatives_{{trained}}.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{SEED_DIR}/mine_negatives_{{trained}}.tsv"
     conda:
         "../envs/evaluation.yaml"
     threads: 1
@@ -212,14 +212,14 @@ rule mine_negatives:
 rule nb_recall:
     input:
         code=stage_code("nb_recall"),
-        run_r1=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/r1/run.parquet",
-        run_r2=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/r2/run.parquet",
+        run_r1=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/r1/run.parquet",
+        run_r2=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/r2/run.parquet",
     output:
-        table=f"{RESULTS}/{{collection}}/{{method}}/seed-{{seed}}/nb_recall.parquet",
+        table=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/nb_recall.parquet",
     log:
-        f"{LOGS}/{{collection}}/{{method}}/seed-{{seed}}/nb_recall.log",
+        f"{LOGS}/{{collection}}/{{method}}/{SEED_DIR}/nb_recall.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/seed-{{seed}}/nb_recall.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{SEED_DIR}/nb_recall.tsv"
     conda:
         "../envs/evaluation.yaml"
     threads: 1

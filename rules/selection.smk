@@ -138,7 +138,7 @@ rule select_settings:
     benchmark:
         f"{BENCHMARKS}/{{collection}}/{{method}}/{{chooser}}/select_settings.tsv"
     wildcard_constraints:
-        chooser="zeroshot|seed-[0-9]+/select",
+        chooser=f"{plan_rows.ZEROSHOT}|{SEED_PATTERN}/select",
     conda:
         "../envs/evaluation.yaml"
     threads: 1
@@ -164,7 +164,7 @@ rule fuse:
     benchmark:
         f"{BENCHMARKS}/{{collection}}/{{method}}/{{fused}}+bm25/fuse.tsv"
     wildcard_constraints:
-        fused=f"zeroshot|{TRAINED_RETRIEVER}",
+        fused=f"{plan_rows.ZEROSHOT}|{TRAINED_RETRIEVER}",
     conda:
         "../envs/evaluation.yaml"
     threads: 1

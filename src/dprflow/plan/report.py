@@ -14,7 +14,7 @@ from typing import Any
 from dprflow.plan import UnderResults
 from dprflow.plan.methods import BY_NAME
 from dprflow.plan.models import ModelPlan
-from dprflow.plan.rows import is_dense
+from dprflow.plan.rows import is_dense, seed_folder, trained
 from dprflow.plan.run_rows import RunRows
 from dprflow.rule_flags import RESOURCE_SETTINGS
 
@@ -61,12 +61,12 @@ class ReportPlan(UnderResults):
 
     def hub_folders(self) -> list[str]:
         """The upload-ready folder of every trained model of every row (export_model)."""
-        return [self.path(c, m, f"seed-{seed}", stage, "hub") for c, m, seed, stage in self._trained()]
+        return [self.path(c, trained(m, seed, stage), "hub") for c, m, seed, stage in self._trained()]
 
     def nb_recall_files(self) -> list[str]:
         """Retriever 1's and 2's recall of the negatives (methods with both rows)."""
         return [
-            self.path(c, m, f"seed-{s}", "nb_recall.parquet")
+            self.path(c, m, seed_folder(s), "nb_recall.parquet")
             for c in self.rows.training_collections()
             for m in self.config["methods"]
             if {"r1", "r2"} <= set(self.rows.stages(m))
@@ -94,7 +94,7 @@ class ReportPlan(UnderResults):
             for m in self.config["methods"]:
                 dirs += self.pretrained_models(c, m)
                 dirs += [
-                    self.path(c, m, f"seed-{seed}", s, "model")
+                    self.path(c, trained(m, seed, s), "model")
                     for seed in self.rows.seeds()
                     for s in self.rows.stages(m)
                 ]
