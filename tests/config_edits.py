@@ -17,6 +17,18 @@ def default_config() -> dict:
     return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 
 
+def edited_config(edit=None, check_paths: bool = False) -> dict:
+    """The default config after ``edit(config)``, checked and filled in as the DAG build does it
+    (without the checks of the files a setting names unless ``check_paths``): the plan tests' start."""
+    from dprflow.config import validate_config
+
+    config = default_config()
+    if edit:
+        edit(config)
+    validate_config(config, SCHEMA, check_paths=check_paths)
+    return config
+
+
 def config_problems(edit) -> str:
     """The ConfigError message of the default config after ``edit(config)`` ('' when valid)."""
     from dprflow.config import ConfigError, validate_config

@@ -6,9 +6,8 @@ from __future__ import annotations
 import shlex
 from types import SimpleNamespace as W
 
-from config_edits import SCHEMA, default_config
+from config_edits import SCHEMA, edited_config
 
-from dprflow.config import validate_config
 from dprflow.plan.collections import CollectionPlan
 from dprflow.plan.doc2query import Doc2QueryPlan
 
@@ -93,10 +92,7 @@ def test_ingest_reads_the_beir_files_that_exist_and_quotes_every_value(tmp_path)
 
 
 def doc2query(edit=None) -> Doc2QueryPlan:
-    config = default_config()
-    if edit:
-        edit(config)
-    validate_config(config, SCHEMA, check_paths=False)
+    config = edited_config(edit)
     return Doc2QueryPlan(config, SCHEMA, "results", CollectionPlan(config, "results", ["stdlib"]))
 
 

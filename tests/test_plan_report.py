@@ -7,9 +7,9 @@ import json
 from types import SimpleNamespace as W
 
 import pytest
-from config_edits import SCHEMA, default_config
+from config_edits import edited_config
 
-from dprflow.config import reference_models, validate_config
+from dprflow.config import reference_models
 from dprflow.models.init import MLM_INIT
 from dprflow.plan.models import ModelPlan
 from dprflow.plan.report import ReportPlan, compare_results_dir, report_results_dir
@@ -17,10 +17,7 @@ from dprflow.plan.run_rows import RunRows
 
 
 def plan(edit=None) -> ReportPlan:
-    config = default_config()
-    if edit:
-        edit(config)
-    validate_config(config, SCHEMA, check_paths=False)
+    config = edited_config(edit)
     references = reference_models(config)
     models = ModelPlan(config, "results", references, config["model"]["init"] == MLM_INIT)
     return ReportPlan(config, "results", RunRows(config, list(references)), models, references)
