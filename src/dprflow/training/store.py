@@ -63,15 +63,18 @@ def code_record() -> dict[str, Any]:
     imported (relative to the package), and the versions of the packages that compute the steps.
     Taken when a model or checkpoint is written, so modules imported during training count.
     Files are found by path, not by module name: a stage run as ``python -m dprflow.stages.X``
-    is the module ``__main__``, and its own file is the training code too. Only paths with a
-    ``dprflow`` folder in them (a package's modules are found under its name) and ``__main__`` are
-    resolved: resolving all of a training process's 3,000 modules took 0.23 s a checkpoint."""
-    root = Path(sys.modules["dprflow"].__file__).resolve().parent
+    is the module ``__main__``, and its own file is the training code too. Only ``__main__`` and
+    paths that start with the package's folder (as imported, or resolved) are resolved: resolving
+    all of a training process's 3,000 modules took 0.23 s a checkpoint. (The filter was a
+    ``dprflow`` folder anywhere in the path, which every module of a clone named ``dprflow``, the
+    name ``git clone`` gives, has: its .venv's torch and transformers were resolved each time.)"""
+    imported = Path(sys.modules["dprflow"].__file__).parent
+    root = imported.resolve()
+    prefixes = tuple({f"{imported}{os.sep}", f"{root}{os.sep}"})
     files = {}
-    marker = f"{os.sep}dprflow{os.sep}"
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
-        if path and (marker in path or name == "__main__"):
+        if path and (path.startswith(prefixes) or name == "__main__"):
             path = Path(path).resolve()
             if path.is_relative_to(root) and path.is_file():
                 files[str(path.relative_to(root))] = provenance.sha256_of(path)
