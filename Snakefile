@@ -66,6 +66,7 @@ localrules:
     evaluate,
     evaluate_heldout,
     select_settings,
+    select_fusion,
     fuse,
     trec_qrels,
     compare,

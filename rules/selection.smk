@@ -1,7 +1,9 @@
 # Settings chosen on held-out training queries, and dense rows fused with BM25 (finetune.select,
 # finetune.fusion; docs/selection.md). The grid points train with rule train_retriever and encode
 # with encode_corpus (retriever seed-<seed>/select/<point>); the rules here split the training
-# queries, search and score the held-out part, choose, and fuse.
+# queries, search and score the held-out part, choose the settings (select_settings), choose a
+# fused row's weight (select_fusion, a job of its own so that a change to the fusion retrains
+# nothing), and fuse.
 
 
 rule heldout_queries:
@@ -138,6 +140,31 @@ rule select_settings:
     benchmark:
         f"{BENCHMARKS}/{{collection}}/{{method}}/{{chooser}}/select_settings.tsv"
     wildcard_constraints:
+        chooser=f"{SEED_PATTERN}/select",
+    conda:
+        "../envs/evaluation.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=15,
+    params:
+        flags=SELECTION.chooser_flags,
+    shell:
+        "python -m dprflow.stages.select_settings {params.flags} --metrics {input.metrics:q}"
+        " --out {output.selection:q} > {log:q} 2>&1"
+
+
+rule select_fusion:
+    input:
+        unpack(SELECTION.fusion_chooser_inputs),
+        code=stage_code("select_fusion"),
+    output:
+        fusion=f"{RESULTS}/{{collection}}/{{method}}/{{chooser}}/fusion.json",
+    log:
+        f"{LOGS}/{{collection}}/{{method}}/{{chooser}}/select_fusion.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{{chooser}}/select_fusion.tsv"
+    wildcard_constraints:
         chooser=f"{plan_rows.ZEROSHOT}|{SEED_PATTERN}/select",
     conda:
         "../envs/evaluation.yaml"
@@ -146,10 +173,10 @@ rule select_settings:
         mem_mb=4000,
         runtime=30,
     params:
-        flags=SELECTION.chooser_flags,
+        flags=SELECTION.fusion_chooser_flags,
     shell:
-        "python -m dprflow.stages.select_settings {params.flags} --metrics {input.metrics:q}"
-        " --runs {input.runs:q} --out {output.selection:q} > {log:q} 2>&1"
+        "python -m dprflow.stages.select_fusion {params.flags} --runs {input.runs:q}"
+        " --out {output.fusion:q} > {log:q} 2>&1"
 
 
 rule fuse:

@@ -25,7 +25,13 @@ def plan(grid=True, method="convex", fused=("zeroshot", "r2"), seeds=()) -> Sele
             "stages_of": {},
             "search_depth": 100,
             "select": {"retriever": {"learning_rate": [2e-5, 5e-5]} if grid else {}, "metric": "nDCG@10"},
-            "fusion": {"method": method, "rows": list(fused), "weights": [0.5, 0.7], "rrf_k": 60},
+            "fusion": {
+                "method": method,
+                "rows": list(fused),
+                "weights": [0.5, 0.7],
+                "normalizations": ["theoretical", "minmax"],
+                "rrf_k": 60,
+            },
         },
     }
     return SelectionPlan(config, "results", POINTS if grid else {"configured": {}}, RunRows(config, []))
@@ -52,45 +58,64 @@ def test_a_grid_point_trains_on_the_fit_part_with_its_settings():
         p.point_settings(unknown)
 
 
-def test_a_weight_is_chosen_only_where_a_fused_row_reads_it():
-    assert plan().chooses_weight("zeroshot") and plan().chooses_weight("seed-13/select")
-    assert not plan(fused=["r2"]).chooses_weight("zeroshot")
-    assert not plan(fused=["zeroshot"]).chooses_weight("seed-13/select")
-    assert not plan(method="rrf").chooses_weight("zeroshot")
-
-
-def test_the_chooser_reads_every_point_s_held_out_run_in_grid_order_and_bm25_s_for_a_weight():
+def test_the_settings_are_chosen_from_every_point_s_held_out_metrics_in_grid_order():
     chooser = W(collection="docs", method="none", chooser="seed-13/select")
-    inputs = plan().chooser_inputs(chooser)
-    assert inputs["runs"] == [f"results/docs/none/seed-13/select/{p}/heldout/run.parquet" for p in POINTS]
-    assert inputs["bm25"] == "results/docs/bm25/heldout/run.parquet"
-    assert "bm25" not in plan(fused=["zeroshot"]).chooser_inputs(chooser)
+    assert plan().chooser_inputs(chooser) == {
+        "metrics": [f"results/docs/none/seed-13/select/{p}/heldout/metrics.parquet" for p in POINTS]
+    }
     flags = shlex.split(plan().chooser_flags(chooser))
     assert json.loads(flags[flags.index("--grid") + 1]) == list(POINTS.values())
-    assert flags[flags.index("--weights") + 1 : flags.index("--depth")] == ["0.5", "0.7"]
+    assert "--weights" not in flags and "--bm25-run" not in flags  # the weight: select_fusion's
+
+
+def test_a_weight_is_chosen_with_the_chosen_point_s_run_or_the_model_off_the_shelf_s():
+    chooser = W(collection="docs", method="none", chooser="seed-13/select")
+    inputs = plan().fusion_chooser_inputs(chooser)
+    assert inputs["runs"] == [f"results/docs/none/seed-13/select/{p}/heldout/run.parquet" for p in POINTS]
+    assert inputs["selection"] == "results/docs/none/seed-13/select/selection.json"
+    assert inputs["bm25"] == "results/docs/bm25/heldout/run.parquet"
+    flags = shlex.split(plan().fusion_chooser_flags(chooser))
+    assert flags[flags.index("--weights") + 1 : flags.index("--normalizations")] == ["0.5", "0.7"]
+    assert flags[flags.index("--normalizations") + 1 : flags.index("--rrf-k")] == ["theoretical", "minmax"]
+    assert inputs["encoders"] == [r.replace("run.parquet", "encoder.json") for r in inputs["runs"]]
+    assert flags[flags.index("--selection") + 1] == inputs["selection"]
+    # no grid: the one point's run, no choice among runs
+    alone = plan(grid=False).fusion_chooser_inputs(chooser)
+    assert alone["runs"] == ["results/docs/none/seed-13/select/configured/heldout/run.parquet"]
+    assert "selection" not in alone and "--selection" not in plan(grid=False).fusion_chooser_flags(chooser)
     zeroshot = W(collection="docs", method="none", chooser="zeroshot")
-    assert plan().chooser_inputs(zeroshot)["runs"] == ["results/docs/none/zeroshot/heldout/run.parquet"]
+    assert plan().fusion_chooser_inputs(zeroshot)["runs"] == [
+        "results/docs/none/zeroshot/heldout/run.parquet"
+    ]
+    assert "selection" not in plan().fusion_chooser_inputs(zeroshot)
 
 
-def test_a_fused_row_reads_its_dense_run_bm25_s_and_the_selection_holding_its_weight():
+def test_a_fused_row_reads_its_dense_run_bm25_s_and_the_file_holding_its_weight():
     row = W(collection="docs", method="none", fused="seed-13/r2")
     assert plan().fused_inputs(row) == {
         "dense": "results/docs/none/seed-13/r2/run.parquet",
         "bm25": "results/docs/bm25/run.parquet",
-        "selection": "results/docs/none/seed-13/select/selection.json",
+        "fusion": "results/docs/none/seed-13/select/fusion.json",
+        "encoder": "results/docs/none/seed-13/r2/encoder.json",
     }
-    assert "selection" not in plan(method="rrf").fused_inputs(row)
+    assert "fusion" not in plan(method="rrf").fused_inputs(row)
     assert plan().fused_tag(row) == "none-seed-13-r2-bm25"
     zeroshot = W(collection="docs", method="none", fused="zeroshot")
-    assert plan().fusion_selection(zeroshot) == "results/docs/none/zeroshot/selection.json"
+    assert plan().fusion_file(zeroshot) == "results/docs/none/zeroshot/fusion.json"
     assert plan(method="rrf").fuse_flags(row) == "--method rrf --rrf-k 60 --depth 100"
+    assert plan().fuse_flags(row).endswith(" --fusion results/docs/none/seed-13/select/fusion.json")
 
 
-def test_the_comparison_reads_each_selection_once():
+def test_the_comparison_reads_each_choice_once():
     files = plan(seeds=[1, 2]).selection_files()
     assert files == [
         "results/docs/none/seed-1/select/selection.json",
         "results/docs/none/seed-2/select/selection.json",
-        "results/docs/none/zeroshot/selection.json",
+        "results/docs/none/zeroshot/fusion.json",
+        "results/docs/none/seed-1/select/fusion.json",
+        "results/docs/none/seed-2/select/fusion.json",
     ]
     assert plan(grid=False, method="rrf").selection_files() == []
+    assert plan(grid=False, fused=["zeroshot"]).selection_files() == [
+        "results/docs/none/zeroshot/fusion.json"
+    ]

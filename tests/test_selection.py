@@ -17,12 +17,12 @@ from dprflow.errors import StageError
 from dprflow.finetuning.selection import (
     apply_settings,
     best_point,
-    fuse_runs,
     grid_points,
     heldout_ids,
     point_name,
 )
-from dprflow.stages import fuse, heldout_queries, select_settings
+from dprflow.search.fusion import dense_lower_bound, fuse_runs
+from dprflow.stages import fuse, heldout_queries, select_fusion, select_settings
 
 
 def run_table(rows):
@@ -108,6 +108,36 @@ def test_convex_fusion_of_two_known_runs():
     assert len(fuse_runs(DENSE, BM25, "convex", 0.7, 60, 2)) == 4  # the depth per query
 
 
+def test_theoretical_minmax_fusion_of_two_known_runs():
+    """Bruch et al.'s TMM: the dense cosine's bound -1 and BM25's 0 instead of each list's lowest
+    score. Here it moves c above a in q1 (c is BM25's best and the dense run's third)."""
+    fused = fuse_runs(DENSE, BM25, "convex", 0.7, 60, 1000, "theoretical", -1.0)
+    got = {(r.query_id, r.passage_id): round(float(r.score), 4) for r in fused.itertuples()}
+    # q1: dense (s + 1) / 1.9: a 1, b 0.7895, c 0.5789; BM25 s / 10: c 1, b 0.2, a missing (0)
+    # q2: dense (s + 1) / 1.3: a 1, b 0.9231; BM25 s / 5: b 1, a 0.2
+    assert got == pytest.approx(
+        {
+            ("q1", "c"): 0.7053,
+            ("q1", "a"): 0.7,
+            ("q1", "b"): 0.6126,
+            ("q2", "b"): 0.9462,
+            ("q2", "a"): 0.76,
+        },
+        abs=1e-4,
+    )
+    assert fused.query("query_id == 'q1'")["passage_id"].tolist() == ["c", "a", "b"]
+    # a dot product has no bound: its scores are min-max normalised, BM25's still divided by its max
+    dot = fuse_runs(DENSE, BM25, "convex", 0.7, 60, 1000, "theoretical", None)
+    got = {(r.query_id, r.passage_id): round(float(r.score), 4) for r in dot.itertuples()}
+    assert got[("q1", "b")] == pytest.approx(0.7 * 0.5 + 0.3 * 0.2) and got[("q1", "c")] == pytest.approx(0.3)
+    assert (
+        dense_lower_bound({"similarity": "cosine"}) == -1.0
+        and dense_lower_bound({"similarity": "dot"}) is None
+    )
+    with pytest.raises(ValueError, match="unknown normalisation 'z'"):
+        fuse_runs(DENSE, BM25, "convex", 0.7, 60, 1000, "z", None)
+
+
 def test_rrf_of_two_known_runs():
     fused = fuse_runs(DENSE, BM25, "rrf", 0.0, 60, 1000).query("query_id == 'q1'")
     scores = dict(zip(fused["passage_id"], fused["score"].astype(float), strict=True))
@@ -120,19 +150,22 @@ def test_rrf_of_two_known_runs():
 def test_fuse_stage_pairs_queries_listed_in_other_orders(tmp_path):
     write_table(DENSE, tmp_path / "dense.parquet", "run")
     write_table(BM25.iloc[::-1].reset_index(drop=True), tmp_path / "bm25.parquet", "run")
-    (tmp_path / "selection.json").write_text(json.dumps({"fusion": {"method": "convex", "weight": 0.7}}))
+    (tmp_path / "fusion.json").write_text(
+        json.dumps({"method": "convex", "normalization": "theoretical", "weight": 0.7})
+    )
+    (tmp_path / "encoder.json").write_text(json.dumps({"pooling": "mean", "similarity": "cosine"}))
     args = ["--dense", str(tmp_path / "dense.parquet"), "--bm25", str(tmp_path / "bm25.parquet")]
     out = ["--out", str(tmp_path / "run.parquet"), "--trec", str(tmp_path / "run.trec")]
-    assert fuse.main([*args, *out, "--selection", str(tmp_path / "selection.json")]) == 0
+    assert fuse.main([*args, *out, "--fusion", str(tmp_path / "fusion.json")]) == 0
     fused = read_table(tmp_path / "run.parquet", "run")
-    expected = fuse_runs(DENSE, BM25, "convex", 0.7, 60, 1000)
+    expected = fuse_runs(DENSE, BM25, "convex", 0.7, 60, 1000, "theoretical", -1.0)
     pd.testing.assert_frame_equal(
         fused.sort_values(["query_id", "rank"]).reset_index(drop=True), expected, check_exact=False
     )
     assert (tmp_path / "run.trec").read_text().count("\n") == len(expected)
     # the convex combination needs the weight chosen on held-out queries
-    (tmp_path / "selection.json").write_text(json.dumps({"retriever": {}}))
-    assert fuse.main([*args, *out, "--selection", str(tmp_path / "selection.json")]) == 1
+    (tmp_path / "fusion.json").write_text(json.dumps({"retriever": {}}))
+    assert fuse.main([*args, *out, "--fusion", str(tmp_path / "fusion.json")]) == 1
 
 
 # ---- the stages on small tables ------------------------------------------------------------------
@@ -222,7 +255,9 @@ def test_select_settings_picks_the_known_winner_and_weight(collection):
         write_table(metrics, collection / f"{name}.metrics.parquet", "metrics")
         files.append(name)
     write_table(bm25, collection / "bm25.parquet", "run")
+    (collection / "encoder.json").write_text(json.dumps({"pooling": "mean", "similarity": "cosine"}))
     grid = [{"learning_rate": 2e-5}, {"learning_rate": 5e-5}]
+    selection_path = collection / "selection.json"
     code = select_settings.main(
         [
             "--grid",
@@ -230,33 +265,60 @@ def test_select_settings_picks_the_known_winner_and_weight(collection):
             "--metric",
             "nDCG@10",
             "--out",
-            str(collection / "selection.json"),
+            str(selection_path),
             "--metrics",
             *(str(collection / f"{n}.metrics.parquet") for n in files),
-            "--runs",
-            *(str(collection / f"{n}.run.parquet") for n in files),
-            "--bm25-run",
-            str(collection / "bm25.parquet"),
-            "--queries",
-            str(out),
-            "--qrels",
-            str(collection / "qrels.parquet"),
-            "--passages",
-            str(collection / "passages.parquet"),
-            "--weights",
-            "0.2",
-            "0.8",
         ]
     )
     assert code == 0
-    selection = json.loads((collection / "selection.json").read_text())
+    selection = json.loads(selection_path.read_text())
     assert selection["retriever"]["best"] == "learning_rate=5e-05"
     assert selection["retriever"]["settings"] == {"learning_rate": 5e-5}
     assert selection["retriever"]["margin"] == pytest.approx(0.37)
-    assert selection["fusion"]["weight"] == 0.8
-    assert selection["fusion"]["alone"]["dense"] == pytest.approx(1.0)
-    assert [w["weight"] for w in selection["fusion"]["weights"]] == [0.2, 0.8]
-    assert selection["fusion"]["weights"][0]["value"] < 1.0 == selection["fusion"]["value"]
+    assert "fusion" not in selection
+
+    # the weight: with the chosen point's run (b), not the first point's
+    fusion_args = [
+        "--metric",
+        "nDCG@10",
+        "--runs",
+        *(str(collection / f"{n}.run.parquet") for n in files),
+        "--bm25-run",
+        str(collection / "bm25.parquet"),
+        "--queries",
+        str(out),
+        "--qrels",
+        str(collection / "qrels.parquet"),
+        "--passages",
+        str(collection / "passages.parquet"),
+        "--weights",
+        "0.2",
+        "0.8",
+        "--normalizations",
+        "minmax",
+        "theoretical",
+        "--out",
+        str(collection / "fusion.json"),
+    ]
+    assert select_fusion.main([*fusion_args, "--selection", str(selection_path)]) == 0
+    fusion = json.loads((collection / "fusion.json").read_text())
+    assert fusion["dense_run"] == str(collection / "b.run.parquet")
+    assert fusion["weight"] == 0.8 and fusion["dense_lower_bound"] == -1.0
+    # measured from the cosine's -1, the dense run's 0.9 and 0.8 are close (1 and 0.947): BM25's
+    # wrong first passage then wins 3 of 5 queries at 0.8, where min-max keeps every one right
+    assert fusion["normalization"] == "minmax"
+    assert fusion["weights"][3]["value"] < fusion["weights"][1]["value"] == 1.0
+    assert fusion["alone"]["dense"] == pytest.approx(1.0)
+    assert [(w["normalization"], w["weight"]) for w in fusion["weights"]] == [
+        ("minmax", 0.2),
+        ("minmax", 0.8),
+        ("theoretical", 0.2),
+        ("theoretical", 0.8),
+    ]
+    assert fusion["weights"][0]["value"] < 1.0 == fusion["value"]
+    # several runs and no word on which point won: refused
+    with pytest.raises(SystemExit):  # the command line's own error
+        select_fusion.main(fusion_args)
 
 
 # ---- what a run plans ----------------------------------------------------------------------------
@@ -284,10 +346,14 @@ def test_a_grid_trains_each_point_on_the_fit_part_and_the_rows_read_the_choice(t
     rows = [c for c in train if c not in points]
     assert all("--selection results/" in c and "select/selection.json" in c for c in rows)
     assert all("--split train" in c for c in rows)
-    assert len(commands["select_settings"]) == 2  # the grid's, and the model off the shelf's weight
+    (chooser,) = commands["select_settings"]
+    assert "--bm25-run" not in chooser and "--weights" not in chooser
+    # the weights: the grid's chosen point's, and the model off the shelf's, each a job of its own
+    weighers = commands["select_fusion"]
+    assert len(weighers) == 2 and sum("--selection results/" in c for c in weighers) == 1
     fused = commands["fuse"]
     assert len(fused) == 2 and all("--method convex --rrf-k 60" in c for c in fused)
-    assert any("none/zeroshot/selection.json" in c for c in fused)
+    assert any("none/zeroshot/fusion.json" in c for c in fused)
     assert "--split heldout" in commands["bm25_heldout"][0]
     assert all("--eval-split heldout" in c for c in commands["search_heldout"])
     compare = commands["compare"][0]
@@ -328,7 +394,10 @@ def test_a_fused_row_without_a_grid_trains_one_point_for_its_weight(tmp_path):
     (row,) = [c for c in train if "/seed-13/r1/model" in c]
     assert "--split fit" in point and "--selection" not in row and "--selection" not in point
     (fused,) = commands_by_rule(plan)["fuse"]
-    assert "--selection results/" in fused and "seed-13/select/selection.json" in fused
+    assert "--fusion results/" in fused and "seed-13/select/fusion.json" in fused
+    (weigher,) = commands_by_rule(plan)["select_fusion"]
+    assert "select/configured/heldout/run.parquet" in weigher and "--selection" not in weigher
+    assert "select_settings" not in commands_by_rule(plan)
 
 
 @pytest.mark.parametrize(
@@ -339,11 +408,14 @@ def test_a_fusion_weight_is_chosen_only_where_a_fused_row_reads_it(
     tmp_path, rows, grid_weighs, zeroshot_chooses
 ):
     """Without a fused row nothing reads a weight, so none is chosen and BM25's held-out run is not
-    read (before: every selection chose one, through pyserini, also with `fusion.rows: []`)."""
+    read (before: every selection chose one, through pyserini, also with `fusion.rows: []`). The
+    weight is a job of its own (select_fusion): the grid's choice reads no BM25 run."""
     overrides = SELECTION.replace("rows: [zeroshot, r2]", f"rows: {rows}")
     commands = commands_by_rule(all_methods_plan(tmp_path, overrides))
-    choosers = commands["select_settings"]
-    (grid,) = [c for c in choosers if "seed-13/select/selection.json" in c]
-    assert ("--bm25-run" in grid) == grid_weighs
-    assert ("--bm25-run" in " ".join(c for c in choosers if c != grid)) == zeroshot_chooses
+    (grid,) = commands["select_settings"]
+    assert "--bm25-run" not in grid
+    weighers = commands.get("select_fusion", [])
+    assert any("seed-13/select/fusion.json" in c for c in weighers) == grid_weighs
+    assert any("none/zeroshot/fusion.json" in c for c in weighers) == zeroshot_chooses
+    assert len(weighers) == grid_weighs + zeroshot_chooses
     assert ("bm25_heldout" in commands) == (grid_weighs or zeroshot_chooses)

@@ -44,6 +44,7 @@ LIGHT: dict[str, set[str]] = {
         "pmi_count",
         "pretrain_tokenize",  # torch only for a sentence view (CoT-MAE's sentence tokenizer)
         "report_results",  # matplotlib only when a figure is drawn
+        "select_fusion",  # pyserini's fusion (pandas) only when a run is fused
         "select_settings",
         "split_passages",  # transformers only when the tokenizer loads (and then no torch)
         "trec_qrels",
@@ -85,6 +86,7 @@ LIGHT_LIBRARY = (
     "dprflow.evaluation.report",
     "dprflow.evaluation.plots",
     "dprflow.finetuning.selection",
+    "dprflow.search.fusion",
     "dprflow.pretraining.documents",
     "dprflow.pretraining.mae.pmi",
 )

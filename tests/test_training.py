@@ -133,7 +133,9 @@ def test_the_code_record_resolves_only_the_packages_own_files(monkeypatch, tmp_p
     monkeypatch.setitem(sys.modules, "torch_like", module)
     resolved = []
     resolve = Path.resolve
-    monkeypatch.setattr(Path, "resolve", lambda self, *a, **k: resolved.append(str(self)) or resolve(self, *a, **k))
+    monkeypatch.setattr(
+        Path, "resolve", lambda self, *a, **k: resolved.append(str(self)) or resolve(self, *a, **k)
+    )
     files = code_record()["files"]
     assert str(outside) not in resolved
     assert "training/store.py" in files and not any("torch_like" in f for f in files)

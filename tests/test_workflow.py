@@ -40,7 +40,10 @@ def test_the_comparison_has_every_row(finished_run):
     points = {p["point"]: p["value"] for p in selection["retriever"]["points"]}
     assert set(points) == {"learning_rate=2e-05", "learning_rate=0.001"}
     assert selection["retriever"]["best"] == max(points, key=points.get)
-    assert 0.1 <= selection["fusion"]["weight"] <= 0.9
+    # the fused row's weight, chosen in a job of its own with the chosen point's held-out run
+    fusion = json.loads((seed / "select" / "fusion.json").read_text())
+    assert 0.1 <= fusion["weight"] <= 0.9
+    assert fusion["dense_run"].endswith(f"select/{selection['retriever']['best']}/heldout/run.parquet")
     assert "| retriever settings | " in md and f"| {selection['retriever']['best']} (by " in md
     log = (
         workdir / "results" / "logs" / "tiny" / "cocondenser" / "seed-13" / "train_retriever_r1.log"
@@ -99,6 +102,7 @@ def test_a_second_seed_reruns_the_fine_tuning_pipeline_only(finished_run, tmp_pa
         "search_heldout": 2,
         "evaluate_heldout": 2,
         "select_settings": 1,
+        "select_fusion": 1,  # seed 14's weight (none/zeroshot's is shared)
         "fuse": 1,  # r2+bm25 of seed 14 (none/zeroshot+bm25 is shared)
         "evaluate": 4 + 1,
         "nb_recall": 1,

@@ -1,4 +1,4 @@
-"""Settings chosen inside the workflow on held-out training queries, and BM25 + dense fusion.
+"""Settings chosen inside the workflow on held-out training queries.
 
 The selection (``finetune.select``, docs/selection.md) never reads a test query:
 
@@ -9,11 +9,10 @@ The selection (``finetune.select``, docs/selection.md) never reads a test query:
    :func:`point_name`) trains retriever 1 on the fit part and is scored on the held-out part;
 3. :func:`best_point` takes the point with the highest mean of the named metric; the rows then
    train with its settings on every training query (:func:`apply_settings`);
-4. a fused row ``<row>+bm25`` combines a dense run with BM25 (:func:`fuse_runs`), by the convex
-   combination of min-max normalised scores (Bruch et al. 2023, ACM TOIS, eq. 3 with their MM
-   normalisation: ``w * dense + (1 - w) * bm25``) or by reciprocal rank fusion (Cormack et al.
-   2009, k = 60), through pyserini's fusion functions; the weight ``w`` is the grid's best on the
-   held-out queries with the chosen point's run (:func:`best_weight`).
+4. a fused row ``<row>+bm25``'s weight is chosen the same way (:func:`best_point` over the
+   weights), with the chosen point's held-out run, by stage ``select_fusion``; the fusion itself
+   is :mod:`dprflow.search.fusion`'s (not imported here: the retrievers' training imports this
+   module, and a change to the fusion must not retrain them).
 """
 
 from __future__ import annotations
@@ -25,8 +24,6 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-import pandas as pd
 
 from dprflow.errors import StageError
 
@@ -43,7 +40,6 @@ GRID_KEYS = (
 )
 # The point of an empty grid: the settings as configured, trained on the fit part.
 CONFIGURED = "configured"
-FUSION_METHODS = ("convex", "rrf")
 FIT, HELDOUT = "fit", "heldout"
 
 
@@ -115,50 +111,3 @@ def apply_settings(args: Any, selection_path: str | Path, section: str = "retrie
             raise StageError(f"{selection_path}: {section}.settings.{key} is not a setting of this stage")
         setattr(args, key, value)
     return chosen
-
-
-def _trec_run(run: pd.DataFrame):
-    """A run (query_id, passage_id, score, rank) as pyserini's TrecRun."""
-    from pyserini.trectools import TrecRun
-
-    trec = TrecRun()
-    trec.run_data = pd.DataFrame(
-        {
-            "topic": run["query_id"].astype(str).to_numpy(),
-            "q0": "Q0",
-            "docid": run["passage_id"].astype(str).to_numpy(),
-            "rank": run["rank"].to_numpy(),
-            "score": run["score"].astype("float64").to_numpy(),
-            "tag": "dprflow",
-        }
-    )
-    return trec
-
-
-def fuse_runs(
-    dense: pd.DataFrame, bm25: pd.DataFrame, method: str, weight: float, rrf_k: int, depth: int
-) -> pd.DataFrame:
-    """The fused run of the same queries' ``dense`` and ``bm25`` runs (the ``run`` schema, the top
-    ``depth`` of each query): ``convex``, ``weight * minmax(dense) + (1 - weight) * minmax(bm25)``
-    per query, a passage missing from one run taking that run's 0; ``rrf``, the sum of
-    ``1 / (rrf_k + rank)``. Ties are broken by passage id (pyserini's merge)."""
-    from pyserini.fusion import interpolation, reciprocal_rank_fusion
-    from pyserini.trectools import RescoreMethod
-
-    if method not in FUSION_METHODS:
-        raise ValueError(f"unknown fusion method {method!r}; allowed: {', '.join(FUSION_METHODS)}")
-    runs = [_trec_run(dense), _trec_run(bm25)]
-    if method == "rrf":
-        fused = reciprocal_rank_fusion(runs, rrf_k=rrf_k, k=depth)
-    else:
-        normalised = [run.rescore(method=RescoreMethod.NORMALIZE) for run in runs]
-        fused = interpolation(normalised, alpha=weight, k=depth)
-    data = fused.run_data
-    return pd.DataFrame(
-        {
-            "query_id": data["topic"].astype(str).to_numpy(),
-            "passage_id": data["docid"].astype(str).to_numpy(),
-            "score": data["score"].astype("float32").to_numpy(),
-            "rank": data["rank"].astype("int32").to_numpy(),
-        }
-    )

@@ -70,71 +70,85 @@ class SelectionPlan(UnderResults):
             return self.heldout_queries.format(collection=wildcards.collection)
         return self.path(wildcards.collection, "collection", "queries.parquet")
 
-    def chooses_weight(self, chooser: str) -> bool:
-        """Whether a selection.json also holds a fused row's weight: for the convex combination
-        only, and only where a fused row reads it (zeroshot's for zeroshot+bm25, a seed's for the
-        others)."""
-        if self.fusion["method"] != "convex":
-            return False
-        fused = set(self.fusion["rows"])
-        if chooser == rows.ZEROSHOT:
-            return rows.ZEROSHOT in fused
-        return bool(fused - {rows.ZEROSHOT})
-
     def chooser_inputs(self, wildcards) -> dict[str, Any]:
-        """What a selection.json is chosen from: every grid point's (or the model off the shelf's)
-        held-out metrics and run, and BM25's held-out run when a fused row needs a weight."""
+        """What a seed's selection.json is chosen from: every grid point's held-out metrics."""
+        c, m = wildcards.collection, wildcards.method
+        runs = [self.path(c, m, wildcards.chooser, p, "heldout") for p in self.points]
+        return {"metrics": [f"{r}/metrics.parquet" for r in runs]}
+
+    def chooser_flags(self, wildcards) -> str:
+        """The grid, in the order of the metrics files, and the metric the choice maximises."""
+        return f"--grid {q(json.dumps(list(self.points.values())))} --metric {q(self.select['metric'])}"
+
+    def fusion_runs(self, wildcards) -> list[str]:
+        """The dense held-out runs a fusion weight is chosen with: the model off the shelf's, or
+        every grid point's (select_fusion takes the chosen point's from selection.json)."""
         c, m = wildcards.collection, wildcards.method
         if wildcards.chooser == rows.ZEROSHOT:
-            runs = [self.path(c, m, rows.ZEROSHOT, "heldout")]
-        else:
-            runs = [self.path(c, m, wildcards.chooser, p, "heldout") for p in self.points]
+            return [self.path(c, m, rows.ZEROSHOT, "heldout", "run.parquet")]
+        return [self.path(c, m, wildcards.chooser, p, "heldout", "run.parquet") for p in self.points]
+
+    def chose_point(self, wildcards) -> bool:
+        """Whether a fusion's dense run is the point a grid chose (a seed's, with a grid)."""
+        return wildcards.chooser != rows.ZEROSHOT and self.selects_settings()
+
+    def fusion_chooser_inputs(self, wildcards) -> dict[str, Any]:
+        """What a fusion.json is chosen from: the dense held-out runs, the grid's choice among
+        them, BM25's held-out run, the held-out queries, their judgements and the passages."""
+        c = wildcards.collection
+        runs = self.fusion_runs(wildcards)
         out = {
-            "metrics": [f"{r}/metrics.parquet" for r in runs],
-            "runs": [f"{r}/run.parquet" for r in runs],
+            "runs": runs,
+            # each run's similarity: the theoretical normalisation's bound
+            "encoders": [str(Path(r).with_name("encoder.json")) for r in runs],
+            "bm25": self.path(c, rows.BM25, "heldout", "run.parquet"),
             "queries": self.heldout_queries.format(collection=c),
             "qrels": self.path(c, "collection", "qrels.parquet"),
             "passages": self.path(c, "passages.parquet"),
         }
-        if self.chooses_weight(wildcards.chooser):
-            out["bm25"] = self.path(c, rows.BM25, "heldout", "run.parquet")
+        if self.chose_point(wildcards):
+            out["selection"] = self.path(c, wildcards.method, wildcards.chooser, "selection.json")
         return out
 
-    def chooser_flags(self, wildcards) -> str:
-        """The grid (in the order of the metrics and runs files) and the fusion weights to try."""
-        grid = [{}] if wildcards.chooser == rows.ZEROSHOT else list(self.points.values())
-        flags = f"--grid {q(json.dumps(grid))} --metric {q(self.select['metric'])}"
-        if self.chooses_weight(wildcards.chooser):
-            c = wildcards.collection
-            flags += (
-                f" --bm25-run {q(self.path(c, rows.BM25, 'heldout', 'run.parquet'))}"
-                f" --queries {q(self.heldout_queries.format(collection=c))}"
-                f" --qrels {q(self.path(c, 'collection', 'qrels.parquet'))}"
-                f" --passages {q(self.path(c, 'passages.parquet'))}"
-                f" --fusion-method convex --weights {' '.join(q(w) for w in self.fusion['weights'])}"
-                f" --depth {q(self.finetune['search_depth'])}"
-            )
+    def fusion_chooser_flags(self, wildcards) -> str:
+        """Every input but the runs (their paths rebuilt from the wildcards), the weights to try
+        and the metric the choice maximises."""
+        c = wildcards.collection
+        flags = (
+            f"--bm25-run {q(self.path(c, rows.BM25, 'heldout', 'run.parquet'))}"
+            f" --queries {q(self.heldout_queries.format(collection=c))}"
+            f" --qrels {q(self.path(c, 'collection', 'qrels.parquet'))}"
+            f" --passages {q(self.path(c, 'passages.parquet'))}"
+            f" --metric {q(self.select['metric'])}"
+            f" --method convex --weights {' '.join(q(w) for w in self.fusion['weights'])}"
+            f" --normalizations {' '.join(q(n) for n in self.fusion['normalizations'])}"
+            f" --rrf-k {q(self.fusion['rrf_k'])} --depth {q(self.finetune['search_depth'])}"
+        )
+        if self.chose_point(wildcards):
+            flags += f" --selection {q(self.path(c, wildcards.method, wildcards.chooser, 'selection.json'))}"
         return flags
 
-    def fusion_selection(self, wildcards) -> str:
-        """Where a fused row's weight was chosen: the model off the shelf's held-out run for a
-        zeroshot row, else retriever 1 of the best grid point trained on the fit part."""
+    def fusion_file(self, wildcards) -> str:
+        """Where a fused row's weight was chosen: with the model off the shelf's held-out run for
+        a zeroshot row, else with retriever 1 of the chosen grid point trained on the fit part."""
         base = self.path(wildcards.collection, wildcards.method)
         if wildcards.fused == rows.ZEROSHOT:
-            return f"{base}/{rows.ZEROSHOT}/selection.json"
+            return f"{base}/{rows.ZEROSHOT}/fusion.json"
         seed = wildcards.fused.split("/")[0]
-        return f"{base}/{seed}/select/selection.json"
+        return f"{base}/{seed}/select/fusion.json"
 
     def fused_inputs(self, wildcards) -> dict[str, str]:
         """The dense run, BM25's run of the same queries and, for the convex combination, the
-        selection.json holding the weight chosen on held-out queries."""
+        fusion.json holding the weight chosen on held-out queries and the dense run's
+        encoder.json (its similarity: the theoretical normalisation's bound)."""
         c = wildcards.collection
         out = {
             "dense": self.path(c, wildcards.method, wildcards.fused, "run.parquet"),
             "bm25": self.path(c, rows.BM25, "run.parquet"),
         }
         if self.fusion["method"] == "convex":
-            out["selection"] = self.fusion_selection(wildcards)
+            out["fusion"] = self.fusion_file(wildcards)
+            out["encoder"] = self.path(c, wildcards.method, wildcards.fused, "encoder.json")
         return out
 
     def fuse_flags(self, wildcards) -> str:
@@ -143,7 +157,7 @@ class SelectionPlan(UnderResults):
             f" --depth {q(self.finetune['search_depth'])}"
         )
         if self.fusion["method"] == "convex":
-            flags += f" --selection {q(self.fusion_selection(wildcards))}"
+            flags += f" --fusion {q(self.fusion_file(wildcards))}"
         return flags
 
     @staticmethod
@@ -152,8 +166,8 @@ class SelectionPlan(UnderResults):
         return "-".join([wildcards.method, *Path(wildcards.fused).parts, "bm25"])
 
     def selection_files(self) -> list[str]:
-        """Every selection.json of the run: the comparison's section on held-out queries reads
-        them."""
+        """Every selection.json and fusion.json of the run: the comparison's section on held-out
+        queries reads them."""
         files = []
         for c in self.rows.training_collections():
             if self.selects_settings():
@@ -165,7 +179,5 @@ class SelectionPlan(UnderResults):
             if self.fusion["method"] == "convex":
                 for row in self.rows.fused():
                     method, fused = rows.unfused(row).split("/", 1)
-                    files.append(
-                        self.fusion_selection(SimpleNamespace(collection=c, method=method, fused=fused))
-                    )
+                    files.append(self.fusion_file(SimpleNamespace(collection=c, method=method, fused=fused)))
         return list(dict.fromkeys(files))

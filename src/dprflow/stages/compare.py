@@ -145,7 +145,8 @@ def parse_pairs(pairs: list[str], flag: str) -> dict[str, str]:
 
 def selections_markdown(paths: list[str], results: Path) -> str:
     """What was chosen on held-out training queries (docs/selection.md), a table row per choice:
-    every grid point's and every fusion weight's held-out value, the winner and its margin."""
+    every grid point's (selection.json) and every fusion weight's (fusion.json) held-out value, the
+    winner and its margin."""
     if not paths:
         return ""
     metric = json.loads(Path(paths[0]).read_text())["metric"]
@@ -159,19 +160,23 @@ def selections_markdown(paths: list[str], results: Path) -> str:
         "|---|---|---|---|",
     ]
     for path in paths:
-        selection = json.loads(Path(path).read_text())
+        chosen = json.loads(Path(path).read_text())
         where = Path(path).parent.relative_to(results).as_posix()
-        retriever = selection["retriever"]
-        if len(retriever["points"]) > 1:
+        retriever = chosen.get("retriever")
+        if retriever and len(retriever["points"]) > 1:
             tried = ", ".join(f"{p['point']}: {p['value']:.4f}" for p in retriever["points"])
-            chosen = f"{retriever['best']} (by {retriever['margin']:.4f})"
-            lines.append(f"| {where} | retriever settings | {tried} | {chosen} |")
-        fusion = selection.get("fusion")
-        if fusion:
-            tried = ", ".join(f"{w['weight']:g}: {w['value']:.4f}" for w in fusion["weights"])
-            alone = fusion["alone"]
-            chosen = f"{fusion['weight']:g} ({fusion['value']:.4f}; dense alone {alone['dense']:.4f}, BM25 {alone['bm25']:.4f})"
-            lines.append(f"| {where} | dense weight with BM25 ({fusion['method']}) | {tried} | {chosen} |")
+            best = f"{retriever['best']} (by {retriever['margin']:.4f})"
+            lines.append(f"| {where} | retriever settings | {tried} | {best} |")
+        if "weights" in chosen:  # select_fusion's fusion.json
+            tried = ", ".join(
+                f"{w['normalization']} {w['weight']:g}: {w['value']:.4f}" for w in chosen["weights"]
+            )
+            alone = chosen["alone"]
+            best = (
+                f"{chosen['normalization']} {chosen['weight']:g} ({chosen['value']:.4f};"
+                f" dense alone {alone['dense']:.4f}, BM25 {alone['bm25']:.4f})"
+            )
+            lines.append(f"| {where} | dense weight with BM25 ({chosen['method']}) | {tried} | {best} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,8 +1,10 @@
 """Stage ``fuse``: a dense row fused with BM25 (the row ``<row>+bm25``).
 
-The convex combination of the two runs' min-max normalised scores at the weight chosen on the
-held-out training queries (``selection.json``, stage ``select_settings``), or reciprocal rank
-fusion (:func:`dprflow.finetuning.selection.fuse_runs`, through pyserini's fusion functions).
+The convex combination of the two runs' normalised scores (min-max, or theoretical min-max with the
+dense score's bound from the ``encoder.json`` beside its run) at the normalisation and weight
+chosen on the held-out training queries (``fusion.json``, stage ``select_fusion``), or
+reciprocal rank fusion
+(:func:`dprflow.search.fusion.fuse_runs`, through pyserini's fusion functions).
 Streamed by whole queries: a piece of the dense run and the same queries' BM25 rows in memory.
 """
 
@@ -19,7 +21,7 @@ import pandas as pd
 from dprflow.cli import run_stage
 from dprflow.data.schemas import iter_query_groups
 from dprflow.errors import StageError
-from dprflow.finetuning.selection import FUSION_METHODS, fuse_runs
+from dprflow.search.fusion import FUSION_METHODS, dense_lower_bound, fuse_runs, read_encoder
 from dprflow.search.runs import write_run_pieces
 
 log = logging.getLogger("dprflow.fuse")
@@ -34,22 +36,25 @@ class Args:
     out: str = field(metadata={"help": "run.parquet to write"})
     trec: str = field(metadata={"help": "TREC run file to write"})
     method: str = field(default="convex", metadata={"help": "convex or rrf", "choices": list(FUSION_METHODS)})
-    selection: str | None = field(default=None, metadata={"help": "selection.json: the convex weight"})
+    fusion: str | None = field(
+        default=None, metadata={"help": "select_fusion's fusion.json: the convex weight"}
+    )
     rrf_k: int = field(default=60, metadata={"help": "RRF's k"})
     depth: int = field(default=1000, metadata={"help": "passages kept per query"})
     tag: str = field(default="dprflow-fused", metadata={"help": "TREC run tag"})
 
     def check(self) -> None:
-        if self.method == "convex" and not self.selection:
-            raise ValueError("--method convex needs --selection (the weight chosen on held-out queries)")
+        if self.method == "convex" and not self.fusion:
+            raise ValueError("--method convex needs --fusion (the weight chosen on held-out queries)")
 
 
-def chosen_weight(path: str, method: str) -> float:
+def chosen_fusion(path: str, method: str) -> tuple[str, float]:
+    """The normalisation and the dense weight select_fusion chose."""
     with open(path) as fh:
-        fusion = json.load(fh).get("fusion")
-    if not fusion or fusion["method"] != method:
+        fusion = json.load(fh)
+    if fusion.get("method") != method or "weight" not in fusion or "normalization" not in fusion:
         raise StageError(f"{path}: no fusion weight chosen for method {method!r}")
-    return float(fusion["weight"])
+    return fusion["normalization"], float(fusion["weight"])
 
 
 def paired_pieces(dense: str, bm25: str) -> Iterator[tuple[pd.DataFrame, pd.DataFrame]]:
@@ -73,17 +78,21 @@ def paired_pieces(dense: str, bm25: str) -> Iterator[tuple[pd.DataFrame, pd.Data
 
 
 def fuse(args: Args) -> dict[str, int]:
-    weight = chosen_weight(args.selection, args.method) if args.method == "convex" else 0.0
+    normalization, weight = chosen_fusion(args.fusion, args.method) if args.method == "convex" else ("", 0.0)
+    lower = dense_lower_bound(read_encoder(args.dense)) if normalization == "theoretical" else None
 
     def pieces():
         for dense, bm25 in paired_pieces(args.dense, args.bm25):
-            yield fuse_runs(dense, bm25, args.method, weight, args.rrf_k, args.depth)
+            yield fuse_runs(
+                dense, bm25, args.method, weight, args.rrf_k, args.depth, normalization or "minmax", lower
+            )
 
     counts = write_run_pieces(pieces(), args.out, args.trec, args.tag)
     log.info(
-        "%s: %s fusion (dense weight %s) of %s and %s: %s",
+        "%s: %s fusion (%s, dense weight %s) of %s and %s: %s",
         args.out,
         args.method,
+        normalization or "ranks",
         weight,
         args.dense,
         args.bm25,
@@ -91,7 +100,7 @@ def fuse(args: Args) -> dict[str, int]:
     )
     if counts["rows"] == 0:
         raise StageError(f"{args.dense}: an empty run")
-    return {"weight": weight, **counts}
+    return {"normalization": normalization, "weight": weight, **counts}
 
 
 def main(argv: list[str] | None = None) -> int:
