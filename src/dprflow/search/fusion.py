@@ -91,6 +91,37 @@ def normalise(run, method: str, lower: float | None):
     return run.rescore(method=RescoreMethod.NORMALIZE)
 
 
+def normalised_runs(dense: pd.DataFrame, bm25: pd.DataFrame, normalization: str, dense_lower: float | None):
+    """The two runs as pyserini TrecRuns, each normalised per query (``normalization``:
+    ``minmax``, or ``theoretical`` with the dense score's minimum ``dense_lower`` and BM25's 0).
+    :func:`combine` does not change them: a choice among weights normalises once."""
+    return (
+        normalise(_trec_run(dense), normalization, dense_lower),
+        normalise(_trec_run(bm25), normalization, BM25_LOWER_BOUND),
+    )
+
+
+def combine(runs, weight: float, depth: int) -> pd.DataFrame:
+    """``weight * dense + (1 - weight) * bm25`` of two normalised TrecRuns (pyserini's
+    ``interpolation``, which scales copies), a passage missing from one run taking that run's 0,
+    as a run of the ``run`` schema (the top ``depth`` of each query)."""
+    from pyserini.fusion import interpolation
+
+    return _run_table(interpolation(list(runs), alpha=weight, k=depth))
+
+
+def _run_table(fused) -> pd.DataFrame:
+    data = fused.run_data
+    return pd.DataFrame(
+        {
+            "query_id": data["topic"].astype(str).to_numpy(),
+            "passage_id": data["docid"].astype(str).to_numpy(),
+            "score": data["score"].astype("float32").to_numpy(),
+            "rank": data["rank"].astype("int32").to_numpy(),
+        }
+    )
+
+
 def fuse_runs(
     dense: pd.DataFrame,
     bm25: pd.DataFrame,
@@ -103,28 +134,12 @@ def fuse_runs(
 ) -> pd.DataFrame:
     """The fused run of the same queries' ``dense`` and ``bm25`` runs (the ``run`` schema, the top
     ``depth`` of each query): ``convex``, ``weight * norm(dense) + (1 - weight) * norm(bm25)`` per
-    query (``normalization``: ``minmax``, or ``theoretical`` with the dense score's minimum
-    ``dense_lower`` and BM25's 0), a passage missing from one run taking that run's 0; ``rrf``,
-    the sum of ``1 / (rrf_k + rank)``. Ties are broken by passage id (pyserini's merge)."""
-    from pyserini.fusion import interpolation, reciprocal_rank_fusion
+    query (:func:`normalised_runs`, :func:`combine`); ``rrf``, the sum of ``1 / (rrf_k + rank)``
+    (``normalization`` unused). Ties are broken by passage id (pyserini's merge)."""
+    from pyserini.fusion import reciprocal_rank_fusion
 
     if method not in FUSION_METHODS:
         raise ValueError(f"unknown fusion method {method!r}; allowed: {', '.join(FUSION_METHODS)}")
-    runs = [_trec_run(dense), _trec_run(bm25)]
     if method == "rrf":
-        fused = reciprocal_rank_fusion(runs, rrf_k=rrf_k, k=depth)
-    else:
-        normalised = [
-            normalise(runs[0], normalization, dense_lower),
-            normalise(runs[1], normalization, BM25_LOWER_BOUND),
-        ]
-        fused = interpolation(normalised, alpha=weight, k=depth)
-    data = fused.run_data
-    return pd.DataFrame(
-        {
-            "query_id": data["topic"].astype(str).to_numpy(),
-            "passage_id": data["docid"].astype(str).to_numpy(),
-            "score": data["score"].astype("float32").to_numpy(),
-            "rank": data["rank"].astype("int32").to_numpy(),
-        }
-    )
+        return _run_table(reciprocal_rank_fusion([_trec_run(dense), _trec_run(bm25)], rrf_k=rrf_k, k=depth))
+    return combine(normalised_runs(dense, bm25, normalization, dense_lower), weight, depth)

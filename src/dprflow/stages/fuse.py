@@ -83,9 +83,7 @@ def fuse(args: Args) -> dict[str, int]:
 
     def pieces():
         for dense, bm25 in paired_pieces(args.dense, args.bm25):
-            yield fuse_runs(
-                dense, bm25, args.method, weight, args.rrf_k, args.depth, normalization or "minmax", lower
-            )
+            yield fuse_runs(dense, bm25, args.method, weight, args.rrf_k, args.depth, normalization, lower)
 
     counts = write_run_pieces(pieces(), args.out, args.trec, args.tag)
     log.info(

@@ -4,7 +4,7 @@ The dense run is the model off the shelf's held-out run (for ``zeroshot+bm25``),
 grid point stage ``select_settings`` chose (retriever 1 trained on the fit part, for a fine-tuned
 row's fusion; with no grid, the one point). It is fused with BM25's held-out run under each
 normalisation of ``finetune.fusion.normalizations`` at each weight of ``finetune.fusion.weights``
-(:func:`dprflow.search.fusion.fuse_runs`; the dense score's bound from the ``encoder.json``
+(:mod:`dprflow.search.fusion`, each run normalised once; the dense score's bound from the ``encoder.json``
 beside the run), each fused run scored as stage ``evaluate`` scores (MaxP), and the pair with the
 highest mean of the named metric kept (:func:`dprflow.finetuning.selection.best_point`; a tie
 goes to the first, normalisations in their listed order). Writes ``fusion.json``: every pair's
@@ -30,7 +30,7 @@ from dprflow.errors import StageError
 from dprflow.evaluation.metrics import evaluate_run, judged_qrels, passage_run_to_doc_run
 from dprflow.files import atomic_path
 from dprflow.finetuning.selection import HELDOUT, best_point
-from dprflow.search.fusion import NORMALIZATIONS, dense_lower_bound, fuse_runs, read_encoder
+from dprflow.search.fusion import NORMALIZATIONS, combine, dense_lower_bound, normalised_runs, read_encoder
 from dprflow.search.runs import run_passages
 
 log = logging.getLogger("dprflow.select_fusion")
@@ -114,8 +114,9 @@ def choose(args: Args) -> dict:
     lower = dense_lower_bound(read_encoder(dense_path))
     values = {}
     for normalization in args.normalizations:
+        normalised = normalised_runs(dense, bm25, normalization, lower)  # once, not per weight
         for weight in args.weights:
-            fused = fuse_runs(dense, bm25, args.method, weight, args.rrf_k, args.depth, normalization, lower)
+            fused = combine(normalised, weight, args.depth)
             values[(normalization, weight)] = heldout_value(fused, parents, qrels, ids, args.metric)
     best = best_point(values)
     log.info(
