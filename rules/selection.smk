@@ -27,11 +27,13 @@ rule heldout_queries:
         split=COLLECTIONS.train_split,
         fraction=SELECT["fraction"],
         max_queries=SELECT["max_queries"],
+        min_queries=SELECT["min_queries"],
         seed=SELECT["seed"],
     shell:
         "python -m dprflow.stages.heldout_queries --queries {input.queries:q} --qrels {input.qrels:q}"
         " --split {params.split:q} --out {output.queries:q} --fraction {params.fraction:q}"
-        " --max-queries {params.max_queries:q} --seed {params.seed:q} > {log:q} 2>&1"
+        " --max-queries {params.max_queries:q} --min-queries {params.min_queries:q} --seed {params.seed:q}"
+        " > {log:q} 2>&1"
 
 
 rule bm25_heldout:

@@ -203,11 +203,35 @@ def collection(tmp_path):
 def test_heldout_queries_hold_no_test_query(collection):
     out = collection / "heldout.parquet"
     argv = ["--queries", str(collection / "queries.parquet"), "--qrels", str(collection / "qrels.parquet")]
+    argv += ["--min-queries", "5"]
     assert heldout_queries.main([*argv, "--split", "train", "--out", str(out), "--fraction", "0.25"]) == 0
     split = read_table(out, "queries")
     assert sorted(split["query_id"]) == sorted(f"t{i}" for i in range(20))
     assert split["split"].value_counts().to_dict() == {"fit": 15, "heldout": 5}
     assert heldout_queries.main([*argv, "--split", "dev", "--out", str(out)]) == 1
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        # 20 judged training queries: 5 held out at 0.25; 0.3 holds out 6
+        (["--min-queries", "6"], "raise finetune.select.fraction to 0.3 or more, or lower min_queries"),
+        # 19 is the most that can be held out of 20
+        (["--min-queries", "20"], "lower finetune.select.min_queries, or choose nothing"),
+    ],
+)
+def test_too_few_heldout_queries_stop_the_split_naming_the_keys(collection, capsys, flags, says):
+    out = collection / "heldout.parquet"
+    argv = ["--queries", str(collection / "queries.parquet"), "--qrels", str(collection / "qrels.parquet")]
+    argv += ["--split", "train", "--out", str(out), "--fraction", "0.25", *flags]
+    assert heldout_queries.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "give 5 held out (finetune.select.fraction 0.25), fewer than finetune.select.min_queries" in err
+    assert says in err
+    assert not out.exists()
+    # the suggested fraction is enough
+    argv[argv.index("0.25")] = "0.3"
+    assert heldout_queries.main(argv) == (0 if "6" in flags else 1)
 
 
 def test_select_settings_picks_the_known_winner_and_weight(collection):
@@ -224,6 +248,8 @@ def test_select_settings_picks_the_known_winner_and_weight(collection):
             str(out),
             "--fraction",
             "0.25",
+            "--min-queries",
+            "5",
         ]
     )
     held = read_table(out, "queries").query("split == 'heldout'")["query_id"].tolist()
