@@ -12,6 +12,10 @@ same collection, metric and reference), and a verdict at the 0.05 level, fixed b
 - a claim that the row is close to the reference (unsupervised Contriever against BM25):
   **opposite** when the row is significantly below, **holds** otherwise.
 
+Beside each verdict, the smallest difference the design would have found (compare.csv's
+``mdd_<ref>``: power 0.8 at Holm's strictest threshold, over queries and seeds): "not shown"
+means no difference that large, not no difference.
+
 SciFact (the collection the rows were trained on) decides the verdict; Cranfield and CISI, scored
 with the models trained on SciFact, are shown beside it (transfer).
 
@@ -120,13 +124,17 @@ def value(table: pd.DataFrame, collection: str, system: str, metric: str) -> pd.
     return rows.iloc[0]
 
 
-def comparison(table: pd.DataFrame, collection: str, c: Comparison) -> tuple[float, float, float, float]:
-    """(row's value, reference's value, difference, Holm-corrected p) on ``collection``."""
+def comparison(
+    table: pd.DataFrame, collection: str, c: Comparison
+) -> tuple[float, float, float, float, float]:
+    """(row's value, reference's value, difference, Holm-corrected p, detectable difference) on
+    ``collection``; the detectable difference is NaN in a compare.csv written before it was."""
     key = c.reference.replace("/", "_")
     if f"p_{key}" not in table:
         raise KeyError(f"compare.csv has no p_{key}: add {c.reference} to evaluation.also_against")
     row, ref = value(table, collection, c.row, c.metric), value(table, collection, c.reference, c.metric)
-    return float(row["value"]), float(ref["value"]), float(row[f"delta_{key}"]), float(row[f"p_{key}"])
+    mdd = float(row[f"mdd_{key}"]) if f"mdd_{key}" in row else float("nan")
+    return float(row["value"]), float(ref["value"]), float(row[f"delta_{key}"]), float(row[f"p_{key}"]), mdd
 
 
 def claims_table(
@@ -142,17 +150,19 @@ def claims_table(
         "Δ",
         "Holm p",
         "verdict",
+        "detectable Δ",
     ]
     head += [f"{c}: Δ (p)" for c in collections]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for claim in CLAIMS:
         for i, c in enumerate(claim.comparisons):
-            a, b, delta, p = comparison(table, main, c)
+            a, b, delta, p, mdd = comparison(table, main, c)
             cells = [claim.text if i == 0 else "", claim.paper if i == 0 else ""]
             cells += [f"`{c.row}` against `{c.reference}` ({c.metric})", f"{a:.4f}", f"{b:.4f}"]
             cells += [f"{delta:+.4f}", f"{p:.3g}", f"**{verdict(delta, p, c.kind)}**"]
+            cells.append("–" if math.isnan(mdd) else f"{mdd:.4f}")
             for other in collections:
-                _, _, d, q = comparison(table, other, c)
+                _, _, d, q, _ = comparison(table, other, c)
                 cells.append(f"{d:+.4f} ({q:.3g})")
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -65,6 +65,7 @@ def test_verdicts_follow_the_differences_and_their_p_values(tmp_path):
     for line in text.splitlines()[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         verdicts[cells[2].split(" (")[0]] = cells[7]
+        assert float(cells[8]) > 0  # the detectable difference (compare.csv's mdd_<reference>)
     assert verdicts["`condenser/r1` against `none/r1`"] == "**holds**"  # +0.2 over 40 queries
     assert verdicts["`cocondenser/r1` against `condenser/r1`"] == "**opposite**"  # -0.2
     assert verdicts["`cdmae/r1` against `bmae/r1`"] == "**not shown**"  # noise only

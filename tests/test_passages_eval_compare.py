@@ -312,12 +312,57 @@ def test_seeded_rows_pair_only_the_seeds_they_share():
         ("c", "none/seed-3/r2"): rows([9.0, 9.0, 9.0]),  # seed 3 has no r1: not in the pairs
     }
     table = build_comparison(per_query, ["none/r1"]).set_index("system")
-    a = np.array([0.35, 0.3, 0.6])  # r2 averaged over seeds 1 and 2
-    b = np.array([0.2, 0.2, 0.45])
-    assert table.loc["none/r2", "p_none_r1"] == pytest.approx(stats.ttest_rel(a, b).pvalue)
+    # the differences of seeds 1 and 2 (seed 3 has no r1): (0.1, 0.2, 0.0) and (0.2, 0.0, 0.3);
+    # neither queries nor seeds explain more than the noise, so the test over queries and seeds
+    # is the t-test of the six (dprflow.evaluation.crossed)
+    d = np.array([0.1, 0.2, 0.0, 0.2, 0.0, 0.3])
+    assert table.loc["none/r2", "p_none_r1"] == pytest.approx(stats.ttest_1samp(d, 0).pvalue)
+    randomized = build_comparison(per_query, ["none/r1"], "randomization").set_index("system")
+    a = pd.Series([0.35, 0.3, 0.6], index=qids)  # r2 averaged over seeds 1 and 2
+    b = pd.Series([0.2, 0.2, 0.45], index=qids)
+    assert randomized.loc["none/r2", "p_none_r1"] == pytest.approx(paired_randomization(a, b))
     assert table.loc["none/r2", "n_seeds"] == 3
     with pytest.raises(ValueError, match="with and without a seed"):
         build_comparison({**per_query, ("c", "none/r2"): rows([0.1, 0.1, 0.1])}, ["none/r1"])
+
+
+def test_seeds_that_disagree_widen_the_t_test_and_the_detectable_difference():
+    """Three seeds of r2 against a seedless BM25: each query gains about 0.03 on average, but one
+    seed made most of it. The t-test counts the seeds' spread (dprflow.evaluation.crossed), the
+    randomization test flips each query's seed-averaged difference; mdd_bm25 is the detectable
+    difference at power 0.8 and Holm's strictest level (0.05 / 2: two rows tested)."""
+    from dprflow.evaluation.crossed import crossed_test, detectable_difference
+
+    rng = np.random.default_rng(5)
+    n = 200
+    qids = [f"q{i}" for i in range(n)]
+    base = rng.uniform(0.2, 0.8, n)
+
+    def rows(values):
+        return pd.DataFrame({"query_id": qids, "metric": "nDCG@10", "value": values})
+
+    shifts = {1: 0.08, 2: 0.0, 3: 0.01}
+    per_query = {("c", "bm25"): rows(base), ("c", "none/seed-1/r1"): rows(base + rng.normal(0, 0.05, n))}
+    for s, shift in shifts.items():
+        per_query[("c", f"none/seed-{s}/r2")] = rows(base + shift + rng.normal(0, 0.05, n))
+    diff = np.stack([per_query[("c", f"none/seed-{s}/r2")]["value"] - base for s in shifts], axis=1)
+    table = build_comparison(per_query, ["bm25"]).set_index("system")
+    averaged = stats.ttest_1samp(diff.mean(axis=1), 0).pvalue
+    crossed = crossed_test(diff)
+    assert averaged < 1e-10  # the queries alone: a sure gain
+    raw_r1 = stats.ttest_rel(per_query[("c", "none/seed-1/r1")]["value"], base).pvalue
+    assert table.loc["none/r2", "p_bm25"] == pytest.approx(holm([crossed.p, raw_r1])[0])
+    assert table.loc["none/r2", "p_bm25"] > 0.05  # the seeds: not shown
+    assert table.loc["none/r2", "mdd_bm25"] == pytest.approx(detectable_difference(crossed, alpha=0.025))
+    # one seed: the paired t-test's detectable difference, (t[1 - 0.0125] + t[0.8]) sd / sqrt(n)
+    d1 = per_query[("c", "none/seed-1/r1")]["value"].to_numpy() - base
+    expected = (stats.t.ppf(1 - 0.0125, n - 1) + stats.t.ppf(0.8, n - 1)) * d1.std(ddof=1) / math.sqrt(n)
+    assert table.loc["none/r1", "mdd_bm25"] == pytest.approx(expected)
+    assert math.isnan(table.loc["bm25", "mdd_bm25"])
+    randomized = build_comparison(per_query, ["bm25"], "randomization", permutations=2000)
+    assert randomized.set_index("system").loc["none/r2", "p_bm25"] < 0.01  # seed-averaged queries
+    md = to_markdown(table.reset_index(), ["bm25"], ["none"], ["nDCG@10"])
+    assert "counts the seeds' spread beside the queries'" in md
 
 
 def test_papers_figures_beside_ours():

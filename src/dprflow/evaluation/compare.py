@@ -12,11 +12,21 @@ Significance: each row is compared with each reference row (the configured basel
 default, and the off-the-shelf model ``none/zeroshot``) by a two-sided paired test over the
 queries, per collection and metric: the t-test, or Fisher's randomization test (sign flipping of
 the per-query differences; Smucker, Allan and Carterette, CIKM 2007, recommend it for IR; ranx
-and PyTerrier offer it too). With seeds the pairs stay per query: each side's per-query
-value is its mean over the seeds both rows share (a row without seeds, such as BM25, has the same
-value for every seed), so a query's difference is the mean of its per-seed differences. The
+and PyTerrier offer it too). With seeds the differences are paired per query and seed (a row
+without seeds, such as BM25, has the same value for every seed), over the seeds both rows share:
+with two or more, the t-test is the test over queries and seeds of
+:mod:`dprflow.evaluation.crossed`, which counts the seeds' spread as well as the queries' (a
+difference one seed made is not taken for one every seed shows); the randomization test flips the
+signs of each query's seed-averaged difference, so it counts the queries' spread only. The
 p-values of one (collection, metric, reference) family are corrected for multiple comparisons with
 Holm-Bonferroni, as PyTerrier's ``Experiment`` does with ``correction='holm'``.
+
+Power: ``mdd_<R>`` is the smallest true difference the design would find against reference R with
+probability 0.8 at two-sided level 0.05 / m, m the family's size (Holm's strictest threshold, so
+it holds whatever the row's rank): the t-test's (:func:`dprflow.evaluation.crossed.detectable_difference`,
+over queries and seeds as above), also for the randomization test, whose power over this many
+queries is close to the t-test's. A row marked not different is then read as "no difference of
+``mdd`` or more", not as "no difference".
 
 Transfer: a row can be scored on another collection than the one it was trained on (BEIR's
 zero-shot tables: models trained on MS MARCO, scored on each BEIR set). Each row of the long table
@@ -138,6 +148,45 @@ def paired_values(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.Series, pd.Serie
     return a.mean(axis=1, skipna=False), b.mean(axis=1, skipna=False)
 
 
+def paired_differences(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Per-query differences ``a - b`` of two :func:`seed_matrix` tables, a column per seed both
+    rows have (a side without seeds, one column of seed None, counts as the same values for
+    every seed), over the queries both have (a query missing from either is left out)."""
+    if None in b.columns:
+        diff = a.sub(b[None], axis=0)
+    elif None in a.columns:
+        diff = b.rsub(a[None], axis=0)
+    else:
+        common = [s for s in a.columns if s in b.columns]
+        diff = a[common] - b[common]
+    return diff.dropna()
+
+
+def family_tests(
+    pairs: list[tuple[pd.Series, pd.Series, pd.DataFrame]], test: str, permutations: int, seed: int
+) -> tuple[list[float], list[float]]:
+    """Holm-corrected p-values and detectable differences (module docstring, "Power") of one
+    family of comparisons, each given as (row's per-query values, the reference's, their
+    :func:`paired_differences`)."""
+    from dprflow.evaluation.crossed import crossed_test, detectable_difference
+
+    testable = [len(diff) >= 2 and diff.shape[1] >= 1 for _, _, diff in pairs]
+    level = ALPHA / max(sum(testable), 1)  # Holm's strictest threshold: m the family's tests
+    raw, detectable = [], []
+    for (a, b, diff), ok in zip(pairs, testable, strict=True):
+        if not ok:
+            raw.append(float("nan"))
+            detectable.append(float("nan"))
+            continue
+        crossed = crossed_test(diff.to_numpy())
+        if test == "t-test" and diff.shape[1] >= 2:
+            raw.append(crossed.p)
+        else:
+            raw.append(paired_test(a, b, test, permutations, seed))
+        detectable.append(detectable_difference(crossed, alpha=level))
+    return holm(raw), detectable
+
+
 def reference_row(out: pd.DataFrame, idx, ref: str, collection: str):
     """The index of reference row ``ref`` among the rows ``idx`` of one scored collection: the one
     trained on nothing or on that collection, else the only one; None when absent or ambiguous
@@ -165,8 +214,9 @@ def build_comparison(
     a row scored on one collection and trained on another (module docstring), to a
     (query_id, metric, value) table; systems named ``<method>/seed-<seed>/<stage>`` are gathered
     into one row ``<method>/<stage>`` (module docstring). For each reference R, the columns
-    ``p_<R>`` (Holm-adjusted p-value) and ``delta_<R>`` (value minus R's) are added; they are NaN
-    for R itself or when R is absent from the collection.
+    ``p_<R>`` (Holm-adjusted p-value), ``delta_<R>`` (value minus R's) and ``mdd_<R>`` (the
+    detectable difference, module docstring) are added; they are NaN for R itself or when R is
+    absent from the collection.
     """
     grouped: dict[tuple[str, str, str], dict[int | None, pd.DataFrame]] = {}
     for key, table in per_query.items():
@@ -207,24 +257,26 @@ def build_comparison(
         key = ref.replace("/", "_")
         out[f"delta_{key}"] = np.nan
         out[f"p_{key}"] = np.nan
+        out[f"mdd_{key}"] = np.nan
         for (collection, metric), idx in out.groupby(["collection", "metric"]).groups.items():
             ref_row = reference_row(out, idx, ref, collection)
             if ref_row is None:
                 continue
             ref_value = float(out.at[ref_row, "value"])
             ref_matrix = matrices[(collection, ref, out.at[ref_row, "training_collection"], metric)]
-            raw, where = [], []
+            pairs, where = [], []
             for i in idx:
                 system = out.at[i, "system"]
                 if i == ref_row:
                     continue
                 matrix = matrices[(collection, system, out.at[i, "training_collection"], metric)]
-                a, b = paired_values(matrix, ref_matrix)
-                raw.append(paired_test(a, b, test, permutations, seed))
+                pairs.append((*paired_values(matrix, ref_matrix), paired_differences(matrix, ref_matrix)))
                 where.append(i)
                 out.at[i, f"delta_{key}"] = out.at[i, "value"] - ref_value
-            for i, p in zip(where, holm(raw), strict=True):
+            adjusted, detectable = family_tests(pairs, test, permutations, seed)
+            for i, p, d in zip(where, adjusted, detectable, strict=True):
                 out.at[i, f"p_{key}"] = p
+                out.at[i, f"mdd_{key}"] = d
     return out
 
 
@@ -366,7 +418,12 @@ def to_markdown(
         notes.append(
             f"Fine-tuned rows: mean ± sample standard deviation over seeds {', '.join(seeds)} "
             "(the pre-trained encoders are shared by all seeds); the paired test pairs each query's "
-            "values averaged over the seeds both rows have."
+            "values per seed both rows have"
+            + (
+                ", and counts the seeds' spread beside the queries' (a two-way random-effects test)."
+                if test == "t-test"
+                else ", averaged over those seeds (the queries' spread only)."
+            )
         )
     notes += [
         f"Markers: {test_name(test, permutations)} over queries against a reference row, Holm-corrected per "
