@@ -173,6 +173,45 @@ rule pretrain_contriever:
         " {params.flags} --checkpoint-every {resources.checkpoint_every} --log-every {resources.log_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
 
 
+# Method mlm: the initial model's masked language model continued on each collection's own
+# documents (domain-adaptive pre-training, Gururangan et al. 2020), the control of the
+# corpus-aware methods: the same text, BERT's objective. The same module as the MLM base.
+
+
+rule pretrain_mlm_corpus:
+    input:
+        code=stage_code("pretrain_mlm"),
+        init=MODELS.model_init_input,
+        passages=PRETRAIN.mlm_corpus_passages,
+        tokens=PRETRAIN.mlm_corpus_tokens,
+    output:
+        model=directory(f"{RESULTS}/{{collection}}/mlm/pretrain/model"),
+    log:
+        f"{LOGS}/{{collection}}/mlm/pretrain_mlm_corpus.log",
+    benchmark:
+        f"{BENCHMARKS}/{{collection}}/mlm/pretrain_mlm_corpus.tsv"
+    conda:
+        "../envs/training.yaml"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=720,
+        # how often to save, not what is trained: a resource, so changing it reruns nothing
+        checkpoint_every=FT["checkpoint_every"],
+        log_every=config["training"]["log_every"],
+        num_workers=config["training"]["num_workers"],
+    params:
+        fingerprint=MODELS.model_init_fingerprint,
+        launch=training_launcher,
+        init=INIT,
+        flags=PRETRAIN.pretrain_mlm_corpus_flags,
+        checkpoints=f"{RESULTS}/{{collection}}/mlm/pretrain/checkpoints",
+    shell:
+        "{params.launch} -m dprflow.stages.pretrain_mlm --init {params.init:q} --tokens {input.tokens:q}"
+        " --out {output.model:q} --checkpoint-dir {params.checkpoints:q} {params.flags}"
+        " --checkpoint-every {resources.checkpoint_every} --log-every {resources.log_every} --num-workers {resources.num_workers} --threads {threads} --mem-mb {resources.mem_mb} > {log:q} 2>&1"
+
+
 # Masked auto-encoders (BMAE, CDMAE, CoT-MAE): n-gram statistics for CDMAE's importance-aware
 # masking, then generic pre-training and corpus-aware pre-training (CDMAE Table 5). The two
 # pre-training rules run one module, dprflow.stages.pretrain_mae.

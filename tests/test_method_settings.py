@@ -29,6 +29,7 @@ SECTIONS = {
     "pretrain.mae.generic": ("pretrain_mae_generic", ()),
     "pretrain.mae.corpus": ("pretrain_mae_corpus", ("documents",)),
     "pretrain.contriever": ("pretrain_contriever", ("corpus",)),
+    "pretrain.mlm": ("pretrain_mlm_corpus", ()),
     "pretrain.doc2query": ("doc2query", ("model", "input_prefix", "train")),
     "pretrain.doc2query.train": ("train_doc2query", ()),
 }

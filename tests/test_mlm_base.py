@@ -77,7 +77,7 @@ def test_training_lowers_the_held_out_masked_token_loss(base):
     assert len(log) == STEPS
     assert log["loss"].tail(5).mean() < log["loss"].head(5).mean() - 1.0
     args = json.loads((base / "training_args.json").read_text())
-    assert args["out"] == str(base) and args["method"] == "mlm"
+    assert args["out"] == str(base) and args["method"] == "mlm-base"  # method mlm's is "mlm"
     assert not list(base.parent.glob(".model.*"))  # no staging or scratch folder left
 
 

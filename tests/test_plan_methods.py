@@ -27,7 +27,7 @@ def test_every_pre_trained_model_card_cites_its_methods_paper():
     pretrained = [m.name for m in methods.METHODS if m.family]
     assert all(methods.BY_NAME[name].citation for name in pretrained)
     assert not any(m.citation for m in methods.METHODS if not m.family)  # nothing pre-trained to cite
-    assert list(METHOD_PAPERS) == ["mlm", *pretrained]  # and the MLM base's card cites BERT
+    assert list(METHOD_PAPERS) == ["mlm-base", *pretrained]  # and the MLM base's card cites BERT
 
 
 def test_every_method_is_on_the_methods_page():
@@ -45,6 +45,7 @@ def test_the_derived_lists():
     assert methods.MAE_STAGE_METHODS == ["bmae", "cdmae", "cotmae", "qac-cotmae"]
     assert [m.name for m in methods.METHODS if m.encoder == "generic"] == ["condenser"]
     assert [m.name for m in methods.METHODS if m.encoder is None] == ["none", "none-mean"]
+    assert [m.name for m in methods.METHODS if m.init_geometry] == ["mlm"]
 
 
 @pytest.fixture(scope="module")

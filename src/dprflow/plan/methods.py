@@ -21,13 +21,16 @@ class Method:
     corpus_stage: bool = False
     # the generic stage whose model it starts from (or is, for condenser): the stage-one method
     generic: str | None = None
-    # "condenser", "contriever" or "mae": the pre-training code it runs (none: fine-tuning only)
+    # "condenser", "contriever", "mae" or "mlm": the pre-training code it runs (none: fine-tuning only)
     family: str | None = None
     # the pooling its encoder was pre-trained with where not the papers' [CLS] (its fine-tuning
     # starts in it); its similarity is the dot product
     pooling: str | None = None
     # a control: fine-tuned as none, in this (pooling, similarity)
     geometry: tuple[str, str] | None = None
+    # fine-tuned in the initial model's geometry, as none (model.pooling, model.similarity, else
+    # the model's own): a control whose encoder is the initial model, pre-trained further
+    init_geometry: bool = False
     # its pre-trained encoder is a retriever as it is: a <method>/zeroshot row
     zeroshot_row: bool = False
     # query-as-context: the method whose stage and stage-one model it shares
@@ -54,6 +57,15 @@ METHODS = (
         "none-mean",
         "none in Contriever's geometry (mean pooling, dot product): the contriever row's control",
         geometry=("mean", "dot"),
+    ),
+    Method(
+        "mlm",
+        "domain-adaptive masked-LM pre-training on the collection's own documents (Gururangan et al."
+        " 2020, section 3; GPL, Wang et al. 2022, Table 1's MLM row): the corpus-aware methods' control",
+        corpus_stage=True,
+        family="mlm",
+        init_geometry=True,
+        citation="domain-adaptive pre-training with BERT's masked language model (Gururangan et al., ACL 2020, 'Don't Stop Pretraining: Adapt Language Models to Domains and Tasks', section 3)",
     ),
     Method(
         "condenser",

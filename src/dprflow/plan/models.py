@@ -129,7 +129,8 @@ class ModelPlan(UnderResults):
         """(pooling, similarity) of a method's initial model where the config or the method fixes
         them; None leaves the stage to read the model's own (model.init: its sentence-transformers
         configuration, else cls and dot)."""
-        if method == "none":
+        record = BY_NAME.get(method)
+        if method == "none" or (record is not None and record.init_geometry):
             return self.model["pooling"], self.model["similarity"]
         if method in GEOMETRY_CONTROLS:
             return GEOMETRY_CONTROLS[method]

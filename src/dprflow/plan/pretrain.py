@@ -171,6 +171,14 @@ class PretrainPlan(UnderResults):
         """The generic corpus's texts as a store of the MLM base's tokenizer."""
         return self.tokens_path(GENERIC, "texts", self.mlm["tokenizer"])
 
+    def mlm_corpus_passages(self, wildcards: Any) -> str:
+        """What method mlm pre-trains on: the collection's passages, read as its documents."""
+        return self.path(wildcards.collection, "passages.parquet")
+
+    def mlm_corpus_tokens(self, wildcards: Any) -> str:
+        """The collection's documents as a store of the initial model's tokenizer (method mlm)."""
+        return self.tokens_path(wildcards.collection, "documents")
+
     def mae_generic_tokens(self, wildcards: Any) -> list[str]:
         """BMAE/CoT-MAE generic corpus store; none for CDMAE (its store holds the importance from
         the n-gram counts: the stage writes its own), nor for a generic corpus of passages (read
@@ -272,6 +280,19 @@ class PretrainPlan(UnderResults):
         return (
             f"{generic_corpus_flags(self.pt)} --seed {q(self.seed)}"
             f" {self._section('model.mlm')} {self._training()}"
+        )
+
+    def pretrain_mlm_corpus_flags(self, wildcards: Any) -> str:
+        """Method mlm: the initial model's masked LM continued on the collection's documents
+        (pretrain.mlm), its encoder written in the geometry method none uses (model.pooling and
+        model.similarity where set, else the initial model's own)."""
+        model = self.config["model"]
+        geometry = "".join(
+            f" --{key} {q(model[key])}" for key in ("pooling", "similarity") if model[key] is not None
+        )
+        return (
+            f"--view documents --corpus passages --corpus-path {shlex.quote(self.mlm_corpus_passages(wildcards))}"
+            f" --seed {q(self.seed)}{geometry} {self._section('pretrain.mlm')} {self._training()}"
         )
 
     def pretrain_generic_flags(self, wildcards: Any) -> str:

