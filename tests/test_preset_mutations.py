@@ -79,4 +79,4 @@ def test_contriever_rows_fine_tune_at_the_pretraining_temperature(tmp_path):
     temperature = {(j.wildcards["method"], j.wildcards["trained"]): j.flags.get("temperature") for j in jobs}
     assert {t for (m, _), t in temperature.items() if m == "contriever"} == {"0.05"}
     assert {t for (m, _), t in temperature.items() if m != "contriever"} == {None}
-    assert len(temperature) == 3 * 9  # r1, r2, distill of the 9 methods
+    assert len(temperature) == 3 * 10  # r1, r2, distill of the 10 methods
