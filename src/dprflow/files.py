@@ -148,12 +148,14 @@ def staging_path(out: str | os.PathLike) -> Path:
     return out.parent / f".{out.name}.staging"
 
 
-def update_json(path: str | os.PathLike, values: dict, section: str | None = None) -> None:
-    """Add ``values`` to the JSON object in ``path`` (to its ``section`` when given)."""
+def update_json(path: str | os.PathLike, values: dict, section: str | None = None) -> dict:
+    """Add ``values`` to the JSON object in ``path`` (to its ``section`` when given); returns the
+    object written."""
     path = Path(path)
     record = json.loads(path.read_text())
     (record.setdefault(section, {}) if section else record).update(values)
     path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+    return record
 
 
 def publish(staging: str | os.PathLike, out: str | os.PathLike) -> None:

@@ -136,18 +136,6 @@ def seed_matrix(by_seed: dict[int | None, pd.DataFrame], metric: str) -> pd.Data
     )
 
 
-def paired_values(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
-    """The per-query values the t-test pairs, from two :func:`seed_matrix` tables: each side's mean
-    over the seeds both rows have; a side without seeds (one column, seed None) counts as the same
-    values for every seed."""
-    if None not in a.columns and None not in b.columns:
-        common = [s for s in a.columns if s in b.columns]
-        if not common:
-            return pd.Series(dtype=float), pd.Series(dtype=float)
-        a, b = a[common], b[common]
-    return a.mean(axis=1, skipna=False), b.mean(axis=1, skipna=False)
-
-
 def paired_differences(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     """Per-query differences ``a - b`` of two :func:`seed_matrix` tables, a column per seed both
     rows have (a side without seeds, one column of seed None, counts as the same values for
@@ -163,17 +151,17 @@ def paired_differences(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
 
 
 def family_tests(
-    pairs: list[tuple[pd.Series, pd.Series, pd.DataFrame]], test: str, permutations: int, seed: int
+    diffs: list[pd.DataFrame], test: str, permutations: int, seed: int
 ) -> tuple[list[float], list[float]]:
     """Holm-corrected p-values and detectable differences (module docstring, "Power") of one
-    family of comparisons, each given as (row's per-query values, the reference's, their
-    :func:`paired_differences`)."""
+    family of comparisons, each given as its :func:`paired_differences`. With one seed, or with
+    the randomization test, the paired test of each query's seed-averaged difference."""
     from dprflow.evaluation.crossed import crossed_test, detectable_difference
 
-    testable = [len(diff) >= 2 and diff.shape[1] >= 1 for _, _, diff in pairs]
+    testable = [len(diff) >= 2 and diff.shape[1] >= 1 for diff in diffs]
     level = ALPHA / max(sum(testable), 1)  # Holm's strictest threshold: m the family's tests
     raw, detectable = [], []
-    for (a, b, diff), ok in zip(pairs, testable, strict=True):
+    for diff, ok in zip(diffs, testable, strict=True):
         if not ok:
             raw.append(float("nan"))
             detectable.append(float("nan"))
@@ -182,7 +170,8 @@ def family_tests(
         if test == "t-test" and diff.shape[1] >= 2:
             raw.append(crossed.p)
         else:
-            raw.append(paired_test(a, b, test, permutations, seed))
+            averaged = diff.mean(axis=1)
+            raw.append(paired_test(averaged, averaged * 0.0, test, permutations, seed))
         detectable.append(detectable_difference(crossed, alpha=level))
     return holm(raw), detectable
 
@@ -264,16 +253,16 @@ def build_comparison(
                 continue
             ref_value = float(out.at[ref_row, "value"])
             ref_matrix = matrices[(collection, ref, out.at[ref_row, "training_collection"], metric)]
-            pairs, where = [], []
+            diffs, where = [], []
             for i in idx:
                 system = out.at[i, "system"]
                 if i == ref_row:
                     continue
                 matrix = matrices[(collection, system, out.at[i, "training_collection"], metric)]
-                pairs.append((*paired_values(matrix, ref_matrix), paired_differences(matrix, ref_matrix)))
+                diffs.append(paired_differences(matrix, ref_matrix))
                 where.append(i)
                 out.at[i, f"delta_{key}"] = out.at[i, "value"] - ref_value
-            adjusted, detectable = family_tests(pairs, test, permutations, seed)
+            adjusted, detectable = family_tests(diffs, test, permutations, seed)
             for i, p, d in zip(where, adjusted, detectable, strict=True):
                 out.at[i, f"p_{key}"] = p
                 out.at[i, f"mdd_{key}"] = d

@@ -219,8 +219,10 @@ def backbone_with_mlm_head(
     return backbone, pretrained_mlm_head(source, backbone, **model_kwargs)
 
 
-def pretrained_mlm_head(source: str, backbone: nn.Module, **model_kwargs: Any) -> nn.Module:
-    """The checkpoint's MLM prediction head (``cls``), or a fresh one when it has none."""
+def masked_lm(source: str, **model_kwargs: Any) -> nn.Module:
+    """The checkpoint as a BERT masked LM (``AutoModelForMaskedLM``): its MLM prediction head
+    (``cls``) where it ships one, else a fresh one from torch's global generator (the decoder is
+    tied to the word embeddings either way)."""
     from transformers import AutoModelForMaskedLM
 
     lm, info = AutoModelForMaskedLM.from_pretrained(source, output_loading_info=True, **model_kwargs)
@@ -232,4 +234,9 @@ def pretrained_mlm_head(source: str, backbone: nn.Module, **model_kwargs: Any) -
         log.info("%s has no MLM head weights (%s); W starts random", source, ", ".join(sorted(missing)[:3]))
     else:
         log.info("MLM head W initialised from %s", source)
-    return lm_head.to(device=backbone.device, dtype=backbone.dtype)
+    return lm
+
+
+def pretrained_mlm_head(source: str, backbone: nn.Module, **model_kwargs: Any) -> nn.Module:
+    """The checkpoint's MLM prediction head (``cls``), or a fresh one when it has none (:func:`masked_lm`)."""
+    return masked_lm(source, **model_kwargs).cls.to(device=backbone.device, dtype=backbone.dtype)

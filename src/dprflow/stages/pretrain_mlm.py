@@ -194,28 +194,26 @@ def corpus_name(args: Args) -> str:
 def split_heldout(chunks: Ranges, args: Args, corpus: str) -> tuple[Ranges, Ranges]:
     """The training chunks and the last ``heldout_sequences`` chunks (never trained on)."""
     n_train = len(chunks) - args.heldout_sequences
-    if n_train < args.batch_size and args.init:
-        raise StageError(
-            f"the {corpus} give {len(chunks)} sequences of at most {args.max_length} tokens; with "
-            f"{args.heldout_sequences} held out (pretrain.mlm.heldout_sequences) {max(n_train, 0)} are "
-            f"left to train on, fewer than one batch of {args.batch_size} (pretrain.mlm.batch_size): "
-            "lower either, or pretrain.mlm.max_length (more, shorter sequences)"
-        )
     if n_train < args.batch_size:
+        keys = "pretrain.mlm" if args.init else "model.mlm"  # method mlm's settings, or the base's
         # Lowering the two settings helps only where there are sequences for both (each is >= 1).
-        lower = (
-            "lower model.mlm.heldout_sequences or model.mlm.batch_size (their sum at most "
-            f"{len(chunks)}), or model.mlm.max_length (more, shorter sequences), or "
-            if len(chunks) >= 2
-            else ""
-        )
+        advice = [
+            f"lower {keys}.heldout_sequences or {keys}.batch_size (their sum at most {len(chunks)}), "
+            f"or {keys}.max_length (more, shorter sequences)"
+        ] * (len(chunks) >= 2)
+        if args.init:
+            where = f"the {corpus} give"
+        else:
+            where = f"the generic corpus, the {corpus} (pretrain.generic_corpus), gives"
+            advice.append(
+                "use a larger corpus (make generic-corpus writes data/generic/debian-docs.jsonl: "
+                "pretrain.generic_corpus {source: jsonl, path: data/generic/debian-docs.jsonl})"
+            )
         raise StageError(
-            f"the generic corpus, the {corpus} (pretrain.generic_corpus), gives {len(chunks)} sequences "
-            f"of at most {args.max_length} tokens; with {args.heldout_sequences} held out "
-            f"(model.mlm.heldout_sequences) {max(n_train, 0)} are left to train on, fewer than one batch "
-            f"of {args.batch_size} (model.mlm.batch_size): {lower}use a larger corpus (make "
-            "generic-corpus writes data/generic/debian-docs.jsonl: pretrain.generic_corpus {source: "
-            "jsonl, path: data/generic/debian-docs.jsonl})"
+            f"{where} {len(chunks)} sequences of at most {args.max_length} tokens; with "
+            f"{args.heldout_sequences} held out ({keys}.heldout_sequences) {max(n_train, 0)} are left to "
+            f"train on, fewer than one batch of {args.batch_size} ({keys}.batch_size): "
+            + (", or ".join(advice) or "the collection is too small")
         )
     train = Ranges(chunks.store, chunks.starts[:n_train], chunks.stops[:n_train])
     heldout = Ranges(chunks.store, chunks.starts[n_train:], chunks.stops[n_train:])
@@ -332,10 +330,9 @@ def _pretrain(args: Args, scratch: str) -> dict[str, Any] | None:
         at_init.accuracy,
     )
     (staging / EVAL_FILE).write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
-    update_json(staging / "training_args.json", {"out": args.out})
+    trained = update_json(staging / "training_args.json", {"out": args.out})
     if args.init:  # in the geometry method none uses the initial model in
         own = read_st_settings(resolve_model(args.init)) or {"pooling": "cls", "similarity": "dot"}
-        trained = json.loads((staging / "training_args.json").read_text())
         write_pretrained_encoder_files(
             staging,
             args.pooling or own["pooling"],

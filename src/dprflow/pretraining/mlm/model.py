@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dprflow.pretraining.backbone import check_backbone, freeze_pooler, mlm_loss
+from dprflow.pretraining.backbone import check_backbone, freeze_pooler, masked_lm, mlm_loss
 from dprflow.pretraining.masking import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
@@ -124,21 +124,16 @@ class MaskedLanguageModel(nn.Module):
     @classmethod
     def continued(cls, name_or_path: str | Path) -> MaskedLanguageModel:
         """A BERT checkpoint (a folder, a packaged model's name or a hub id) whose masked-LM
-        pre-training continues (method mlm): its MLM head where it has one, else a fresh head from
-        torch's global generator (seed it first; the decoder is tied to the word embeddings
-        either way), and BERT's pooler as in ``__init__`` (``BertForMaskedLM`` builds none)."""
-        from transformers import AutoModelForMaskedLM
-
+        pre-training continues (method mlm): its MLM head where it has one, else a fresh head
+        (:func:`~dprflow.pretraining.backbone.masked_lm`; seed torch first), and BERT's pooler
+        as in ``__init__`` (``BertForMaskedLM`` builds none)."""
         from dprflow.models.init import resolve_model
 
-        source = resolve_model(str(name_or_path))
-        lm, info = AutoModelForMaskedLM.from_pretrained(source, output_loading_info=True)
+        lm = masked_lm(resolve_model(str(name_or_path)))
         if not hasattr(lm, "bert"):
             raise ValueError(
-                f"{source}: a {type(lm).__name__}; continued MLM pre-training supports BERT encoders"
+                f"{name_or_path}: a {type(lm).__name__}; continued MLM pre-training supports BERT encoders"
             )
-        fresh = [k for k in info.get("missing_keys", ()) if k.startswith("cls.") and "decoder" not in k]
-        log.info("%s: %s", source, "a fresh MLM head (it ships none)" if fresh else "its own MLM head")
         return cls(lm)
 
     @property
