@@ -31,7 +31,7 @@ from dprflow.plan.doc2query import Doc2QueryPlan
 from dprflow.plan.finetune import FinetunePlan, run_tag
 from dprflow.plan.models import ModelPlan
 from dprflow.plan.run_rows import RunRows
-from dprflow.plan.selection import SelectionPlan
+from dprflow.plan.selection import RERANKER_GRID, SelectionPlan
 from dprflow.plan.report import ReportPlan, compare_results_dir, report_results_dir
 from dprflow.plan.resources import ResourceEstimates, training_launcher
 from dprflow.plan.pretrain import (
@@ -121,6 +121,14 @@ NATIVE_RETRIEVER = f"{plan_rows.ZEROSHOT}|{TRAINED_RETRIEVER}|{SELECT_RETRIEVER}
 # searched for the held-out training queries (the selection): a grid point, or the model off the
 # shelf (its fusion weight)
 HELDOUT_RETRIEVER = f"{plan_rows.ZEROSHOT}|{SELECT_RETRIEVER}"
+# a reranker, in a seed's folder: the row's (rerank), or a point of finetune.select.reranker's
+# grid, trained on the fit part (select/rerank/<point>)
+RERANKER_POINT = f"select/{RERANKER_GRID}/{POINT}"
+RERANKER = f"rerank|{RERANKER_POINT}"
+# scored on the held-out training queries: BM25, a retriever above, or a reranker grid point
+HELDOUT_ROW = (
+    f"{plan_rows.BM25}|{NAME}/({HELDOUT_RETRIEVER}|{SEED_PATTERN}/{RERANKER_POINT})"
+)
 # searched for its evaluation queries only (no training run to mine): zeroshot, or a transfer
 EVAL_ONLY_RETRIEVER = (
     f"{plan_rows.ZEROSHOT}|({NATIVE_RETRIEVER})/{plan_rows.transfer_folder(NAME)}"
@@ -158,6 +166,11 @@ SELECTION = SelectionPlan(
     RESULTS,
     {point_name(p): p for p in grid_points(SELECT["retriever"])},
     ROWS,
+    (
+        {point_name(p): p for p in grid_points(SELECT["reranker"], "reranker")}
+        if SELECT["reranker"]
+        else {}
+    ),
 )
 
 # The fine-tuning pipeline's inputs, flags and resources: dprflow.plan.finetune.

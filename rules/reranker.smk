@@ -1,27 +1,32 @@
 # The cross-encoder reranker: training on retriever-2 negatives (K3), reranking retriever 2's
-# evaluation run, and scoring training candidates as soft labels for the distilled retriever.
+# evaluation run, and scoring training candidates as soft labels for the distilled retriever. A
+# point of finetune.select.reranker's grid (seed-<seed>/select/rerank/<point>) trains on the fit
+# part's BM25 negatives and reranks BM25's held-out run (docs/selection.md).
 
 
 rule train_reranker:
     input:
+        unpack(SELECTION.reranker_training),
         code=stage_code("train_reranker"),
         init=MODELS.reranker_init_input,
-        queries=rules.ingest.output.queries,
         qrels=rules.ingest.output.qrels,
         passages=rules.split_passages.output.passages,
-        negatives=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/r2/negatives.parquet",
     output:
-        model=directory(f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/rerank/model"),
+        model=directory(
+            f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/{{reranker}}/model"
+        ),
     log:
-        f"{LOGS}/{{collection}}/{{method}}/{SEED_DIR}/train_reranker.log",
+        f"{LOGS}/{{collection}}/{{method}}/{SEED_DIR}/{{reranker}}/train_reranker.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/{SEED_DIR}/train_reranker.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{SEED_DIR}/{{reranker}}/train_reranker.tsv"
+    wildcard_constraints:
+        reranker=RERANKER,
     conda:
         "../envs/training.yaml"
     threads: 2
     resources:
-        mem_mb=RESOURCES.train_reranker_mem_mb,
-        runtime=RESOURCES.train_reranker_runtime,
+        mem_mb=FINETUNE.train_reranker_mem_mb,
+        runtime=FINETUNE.train_reranker_runtime,
         # how often to save, not what is trained: a resource, so changing it reruns nothing
         checkpoint_every=FT["checkpoint_every"],
         log_every=config["training"]["log_every"],
@@ -30,9 +35,9 @@ rule train_reranker:
         fingerprint=MODELS.reranker_init_fingerprint,
         launch=training_launcher,
         init=MODELS.reranker_init(),
-        split=COLLECTIONS.train_split,
+        split=reranker_split,
         flags=FINETUNE.reranker_flags,
-        checkpoints=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/rerank/checkpoints",
+        checkpoints=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/{{reranker}}/checkpoints",
     shell:
         "{params.launch} -m dprflow.stages.train_reranker --init {params.init:q} --queries {input.queries:q}"
         " --qrels {input.qrels:q} --passages {input.passages:q} --negatives {input.negatives:q}"
@@ -43,18 +48,19 @@ rule train_reranker:
 
 rule rerank:
     input:
+        unpack(SELECTION.reranked_inputs),
         code=stage_code("rerank"),
-        model=rules.train_reranker.output.model,
-        run=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/r2/run.parquet",
-        queries=rules.ingest.output.queries,
         passages=rules.split_passages.output.passages,
     output:
-        run=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/rerank/run.parquet",
-        trec=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/rerank/run.trec",
+        run=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/{{reranked}}/run.parquet",
+        trec=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/{{reranked}}/run.trec",
     log:
-        f"{LOGS}/{{collection}}/{{method}}/{SEED_DIR}/rerank.log",
+        f"{LOGS}/{{collection}}/{{method}}/{SEED_DIR}/{{reranked}}/rerank.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/{SEED_DIR}/rerank.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{SEED_DIR}/{{reranked}}/rerank.tsv"
+    # the row (retriever 2's evaluation run), or a grid point (BM25's held-out run)
+    wildcard_constraints:
+        reranked=f"rerank|{RERANKER_POINT}/heldout",
     conda:
         "../envs/training.yaml"
     threads: 2
@@ -76,7 +82,7 @@ rule rerank:
 rule rerank_transfer:
     input:
         code=stage_code("rerank"),
-        model=rules.train_reranker.output.model,
+        model=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/rerank/model",
         run=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/r2/{TRANSFER_DIR}/run.parquet",
         queries=COLLECTIONS.of_scored_collection(rules.ingest.output.queries),
         passages=COLLECTIONS.of_scored_collection(rules.split_passages.output.passages),
@@ -107,7 +113,7 @@ rule rerank_transfer:
 rule score_candidates:
     input:
         code=stage_code("score_candidates"),
-        model=rules.train_reranker.output.model,
+        model=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/rerank/model",
         negatives=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/r2/negatives.parquet",
         queries=rules.ingest.output.queries,
         qrels=rules.ingest.output.qrels,

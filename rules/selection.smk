@@ -1,6 +1,7 @@
 # Settings chosen on held-out training queries, and dense rows fused with BM25 (finetune.select,
 # finetune.fusion; docs/selection.md). The grid points train with rule train_retriever and encode
-# with encode_corpus (retriever seed-<seed>/select/<point>); the rules here split the training
+# with encode_corpus (retriever seed-<seed>/select/<point>), the reranker grid's with
+# train_reranker and rerank (seed-<seed>/select/rerank/<point>); the rules here split the training
 # queries, search and score the held-out part, choose the settings (select_settings), choose a
 # fused row's weight (select_fusion, a job of its own so that a change to the fusion retrains
 # nothing), and fuse.
@@ -103,18 +104,18 @@ rule search_heldout:
 rule evaluate_heldout:
     input:
         code=stage_code("evaluate"),
-        run=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/heldout/run.parquet",
+        run=f"{RESULTS}/{{collection}}/{{heldout_row}}/heldout/run.parquet",
         passages=rules.split_passages.output.passages,
         queries=SELECTION.heldout_queries,
         qrels=rules.ingest.output.qrels,
     output:
-        metrics=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/heldout/metrics.parquet",
+        metrics=f"{RESULTS}/{{collection}}/{{heldout_row}}/heldout/metrics.parquet",
     log:
-        f"{LOGS}/{{collection}}/{{method}}/{{retriever}}/evaluate_heldout.log",
+        f"{LOGS}/{{collection}}/{{heldout_row}}/evaluate_heldout.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/{{retriever}}/evaluate_heldout.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{heldout_row}}/evaluate_heldout.tsv"
     wildcard_constraints:
-        retriever=HELDOUT_RETRIEVER,
+        heldout_row=HELDOUT_ROW,
     conda:
         "../envs/evaluation.yaml"
     threads: 1
@@ -142,7 +143,7 @@ rule select_settings:
     benchmark:
         f"{BENCHMARKS}/{{collection}}/{{method}}/{{chooser}}/select_settings.tsv"
     wildcard_constraints:
-        chooser=f"{SEED_PATTERN}/select",
+        chooser=f"{SEED_PATTERN}/select(/{RERANKER_GRID})?",
     conda:
         "../envs/evaluation.yaml"
     threads: 1

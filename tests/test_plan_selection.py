@@ -14,14 +14,16 @@ from dprflow.plan.selection import SelectionPlan
 POINTS = {"learning_rate=2e-05": {"learning_rate": 2e-5}, "learning_rate=5e-05": {"learning_rate": 5e-5}}
 
 
-def plan(grid=True, method="convex", fused=("zeroshot", "r2"), seeds=()) -> SelectionPlan:
+def plan(
+    grid=True, method="convex", fused=("zeroshot", "r2"), seeds=(), stages=("r1", "r2")
+) -> SelectionPlan:
     config = {
         "collections": {"docs": {"evaluate_only": False, "evaluate_on": []}},
         "methods": ["none"],
         "seeds": list(seeds),
         "finetune": {
             "seed": 13,
-            "stages": ["r1", "r2"],
+            "stages": list(stages),
             "stages_of": {},
             "search_depth": 100,
             "select": {"retriever": {"learning_rate": [2e-5, 5e-5]} if grid else {}, "metric": "nDCG@10"},
@@ -34,7 +36,45 @@ def plan(grid=True, method="convex", fused=("zeroshot", "r2"), seeds=()) -> Sele
             },
         },
     }
-    return SelectionPlan(config, "results", POINTS if grid else {"configured": {}}, RunRows(config, []))
+    rows = RunRows(config, [])
+    return SelectionPlan(config, "results", POINTS if grid else {"configured": {}}, rows, RERANKER_POINTS)
+
+
+RERANKER_POINTS = {"epochs=1": {"epochs": 1}, "epochs=3": {"epochs": 3}}
+
+
+def test_a_reranker_point_trains_on_the_fit_part_s_bm25_negatives_and_the_row_reads_its_choice():
+    p = plan(stages=("r1", "r2", "rerank"))
+    point = W(collection="docs", method="none", seed="13", reranker="select/rerank/epochs=3")
+    assert p.is_reranker_point(point) and p.reranker_point_settings(point) == {"epochs": 3}
+    assert p.reranker_training(point) == {
+        "queries": "results/docs/collection/heldout_queries.parquet",
+        "negatives": "results/docs/bm25/negatives.parquet",
+    }
+    assert p.reranker_selection_flag(point) == ""
+    assert p.reranked_inputs(
+        W(collection="docs", method="none", seed="13", reranked="select/rerank/epochs=3/heldout")
+    ) == {
+        "model": "results/docs/none/seed-13/select/rerank/epochs=3/model",
+        "run": "results/docs/bm25/heldout/run.parquet",
+        "queries": "results/docs/collection/heldout_queries.parquet",
+    }
+    row = W(collection="docs", method="none", seed="13", reranker="rerank", reranked="rerank")
+    chosen = "results/docs/none/seed-13/select/rerank/selection.json"
+    assert p.reranker_point_settings(row) == {} and p.reranker_training(row)["selection"] == chosen
+    assert p.reranker_training(row)["negatives"] == "results/docs/none/seed-13/r2/negatives.parquet"
+    assert p.reranker_selection_flag(row) == f" --selection {chosen}"
+    assert p.reranked_inputs(row)["run"] == "results/docs/none/seed-13/r2/run.parquet"
+    assert chosen in p.selection_files()
+    chooser = W(collection="docs", method="none", chooser="seed-13/select/rerank")
+    assert p.chooser_inputs(chooser)["first_stage"] == "results/docs/bm25/heldout/metrics.parquet"
+    assert "--section reranker" in p.chooser_flags(chooser)
+    with pytest.raises(ValueError, match="'epochs=9' is not a point of finetune.select.reranker's grid"):
+        p.reranker_point_settings(W(reranker="select/rerank/epochs=9"))
+    # no reranker among the stages: the grid chooses nothing
+    quiet = plan()
+    assert not quiet.selects_reranker("none") and chosen not in quiet.selection_files()
+    assert "selection" not in quiet.reranker_training(row)
 
 
 def test_r1_and_r2_read_their_seed_s_selection_only_when_a_grid_chooses():

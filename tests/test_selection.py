@@ -22,7 +22,7 @@ from dprflow.finetuning.selection import (
     point_name,
 )
 from dprflow.search.fusion import dense_lower_bound, fuse_runs
-from dprflow.stages import fuse, heldout_queries, select_fusion, select_settings
+from dprflow.stages import compare, fuse, heldout_queries, select_fusion, select_settings
 
 
 def run_table(rows):
@@ -62,6 +62,13 @@ def test_grid_points_are_every_combination_named_by_their_settings():
     assert grid_points({}) == [{}] and point_name({}) == "configured"
     with pytest.raises(ValueError, match="unknown setting 'dropout'"):
         grid_points({"dropout": [0.1]})
+    # a reranker's grid has its own settings: a head learning rate, no temperature
+    assert grid_points({"head_learning_rate": [0, 1e-3]}, "reranker") == [
+        {"head_learning_rate": 0},
+        {"head_learning_rate": 1e-3},
+    ]
+    with pytest.raises(ValueError, match=r"finetune.select.reranker: unknown setting 'temperature'"):
+        grid_points({"temperature": [0.05]}, "reranker")
 
 
 def test_the_best_point_of_a_known_table():
@@ -82,6 +89,16 @@ def test_apply_settings_sets_the_chosen_values_and_refuses_others(tmp_path):
     path.write_text(json.dumps({"retriever": {"settings": {"init": "other"}}}))
     with pytest.raises(StageError, match="settings.init is not a setting"):
         apply_settings(args, path)
+    # the reranker's section: its own settings, read from its own key
+    path.write_text(json.dumps({"reranker": {"settings": {"head_learning_rate": 1e-3, "epochs": 2}}}))
+    reranker = SimpleNamespace(head_learning_rate=0.0, epochs=1)
+    assert apply_settings(reranker, path, "reranker") == {"head_learning_rate": 1e-3, "epochs": 2}
+    assert (reranker.head_learning_rate, reranker.epochs) == (1e-3, 2)
+    with pytest.raises(KeyError):
+        apply_settings(reranker, path)  # no retriever choice in that file
+    path.write_text(json.dumps({"reranker": {"settings": {"temperature": 0.05}}}))
+    with pytest.raises(StageError, match="reranker.settings.temperature is not a setting"):
+        apply_settings(SimpleNamespace(temperature=1.0), path, "reranker")
 
 
 # ---- fusion --------------------------------------------------------------------------------------
@@ -301,7 +318,26 @@ def test_select_settings_picks_the_known_winner_and_weight(collection):
     assert selection["retriever"]["best"] == "learning_rate=5e-05"
     assert selection["retriever"]["settings"] == {"learning_rate": 5e-5}
     assert selection["retriever"]["margin"] == pytest.approx(0.37)
-    assert "fusion" not in selection
+    assert "fusion" not in selection and "first_stage" not in selection["retriever"]
+
+    # a reranker's grid: its own section, beside the held-out value of the run it reranked
+    bm25_metrics = pd.DataFrame({"query_id": held, "metric": "nDCG@10", "value": 0.5})
+    write_table(bm25_metrics, collection / "bm25.metrics.parquet", "metrics")
+    reranker_path = collection / "reranker.json"
+    reranker_args = ["--grid", json.dumps([{"epochs": 1}, {"epochs": 2}]), "--metric", "nDCG@10"]
+    reranker_args += ["--section", "reranker", "--first-stage", str(collection / "bm25.metrics.parquet")]
+    reranker_args += ["--out", str(reranker_path), "--metrics"]
+    reranker_args += [str(collection / f"{n}.metrics.parquet") for n in files]
+    assert select_settings.main(reranker_args) == 0
+    reranker = json.loads(reranker_path.read_text())
+    assert set(reranker) == {"metric", "reranker"} and reranker["reranker"]["settings"] == {"epochs": 2}
+    assert reranker["reranker"]["first_stage"] == pytest.approx(0.5)
+    md = compare.selections_markdown([str(selection_path), str(reranker_path)], collection)
+    assert "| retriever settings | learning_rate=2e-05: 0.6300, learning_rate=5e-05: 1.0000 |" in md
+    assert (
+        "| reranker settings | epochs=1: 0.6300, epochs=2: 1.0000 | epochs=2 (by 0.3700; BM25 alone 0.5000) |"
+        in md
+    )
 
     # the weight: with the chosen point's run (b), not the first point's
     fusion_args = [
@@ -388,6 +424,35 @@ def test_a_grid_trains_each_point_on_the_fit_part_and_the_rows_read_the_choice(t
     )
 
 
+def test_a_reranker_grid_trains_on_the_fit_part_and_reranks_bm25s_heldout_run(tmp_path):
+    """Each point trains on the fit part's BM25 negatives and reranks BM25's held-out run (no model
+    that read a held-out query is in its path); the reranker row reads the choice; nothing of it
+    where no stage trains a reranker."""
+    overrides = "finetune:\n  stages: [r1, r2, rerank]\n  select:\n    retriever: {}\n"
+    overrides += "    reranker: {learning_rate: [2.0e-5, 1.0e-4]}\nmethods: [none]\n"
+    commands = commands_by_rule(all_methods_plan(tmp_path, overrides))
+    train = commands["train_reranker"]
+    points = [c for c in train if "/select/rerank/" in c.split("--out ")[1].split()[0]]
+    assert len(points) == 2 and len(train) == 3
+    for point in points:
+        assert "heldout_queries.parquet --qrels" in point and "--split fit" in point
+        assert "--negatives results/stdlib/bm25/negatives.parquet" in point and "--selection" not in point
+    assert {c.split("--learning-rate ")[1].split()[0] for c in points} == {"2e-05", "0.0001"}
+    (row,) = [c for c in train if c not in points]
+    assert "--split train" in row and "seed-13/r2/negatives.parquet" in row
+    assert "--selection results/stdlib/none/seed-13/select/rerank/selection.json" in row
+    reranked = [c for c in commands["rerank"] if "/select/rerank/" in c]
+    assert len(reranked) == 2
+    assert all("--run results/stdlib/bm25/heldout/run.parquet" in c for c in reranked)
+    assert all("heldout_queries.parquet" in c for c in reranked)
+    (chooser,) = commands["select_settings"]
+    assert "--section reranker --first-stage results/stdlib/bm25/heldout/metrics.parquet" in chooser
+    assert "select/rerank/selection.json" in commands["compare"][0]
+    # no stage trains a reranker: the grid plans nothing
+    quiet = commands_by_rule(all_methods_plan(tmp_path / "r2", overrides.replace(", rerank]", "]")))
+    assert "train_reranker" not in quiet and "select_settings" not in quiet
+
+
 # ---- the config check ----------------------------------------------------------------------------
 
 
@@ -398,6 +463,8 @@ def test_a_grid_trains_each_point_on_the_fit_part_and_the_rows_read_the_choice(t
         ("finetune.select.retriever", {"learning_rate": []}, "finetune.select.retriever.learning_rate"),
         ("finetune.select.retriever", {"learning_rate": [0.0]}, "finetune.select.retriever.learning_rate"),
         ("finetune.select.retriever", {"epochs": [1.5]}, "finetune.select.retriever.epochs"),
+        ("finetune.select.reranker", {"temperature": [0.05]}, "temperature"),
+        ("finetune.select.reranker", {"group_size": [1]}, "finetune.select.reranker.group_size"),
         ("finetune.select.fraction", 1.0, "finetune.select.fraction"),
         ("finetune.select.metric", "nDCG@ten", "finetune.select.metric = 'nDCG@ten'"),
         ("finetune.fusion.rows", ["rerank"], "finetune.fusion.rows"),

@@ -51,6 +51,21 @@ def test_the_comparison_has_every_row(finished_run):
     assert f"settings chosen on held-out queries ({seed.relative_to(workdir)}/select/selection.json)" in log
     args = json.loads(log.split("train_retriever arguments: ", 1)[1].splitlines()[0])
     assert args["split"] == "train" and args["selection"]
+    # the reranker's grid: its points reranked BM25's held-out run; the row trained with the winner
+    reranker = json.loads((seed / "select" / "rerank" / "selection.json").read_text())["reranker"]
+    assert {p["point"] for p in reranker["points"]} == {"learning_rate=2e-05", "learning_rate=0.001"}
+    assert 0 <= reranker["first_stage"] <= 1 and "| reranker settings | " in md
+    log = (
+        seed.parent.parent.parent
+        / "logs"
+        / "tiny"
+        / "cocondenser"
+        / "seed-13"
+        / "rerank"
+        / "train_reranker.log"
+    )
+    assert "settings chosen on held-out queries" in log.read_text()
+    assert f"'learning_rate': {reranker['settings']['learning_rate']}" in log.read_text()
     nb = pd.read_parquet(workdir / "results" / "tiny" / "cocondenser" / "seed-13" / "nb_recall.parquet")
     assert nb["k"].tolist() == [10, 50, 100] and nb["value"].is_monotonic_increasing
     # Trained models load as plain Hugging Face checkpoints.
@@ -94,14 +109,14 @@ def test_a_second_seed_reruns_the_fine_tuning_pipeline_only(finished_run, tmp_pa
     assert jobs == {
         "train_retriever": 3 + 2,  # r1, r2, distill, and seed 14's own two grid points
         "mine_negatives": 2,
-        "train_reranker": 1,
-        "rerank": 1,
+        "train_reranker": 1 + 2,  # and the reranker grid's two points of seed 14
+        "rerank": 1 + 2,
         "score_candidates": 1,
         "encode_corpus": 3 + 2,  # one shard each
         "search_dense": 3,
         "search_heldout": 2,
-        "evaluate_heldout": 2,
-        "select_settings": 1,
+        "evaluate_heldout": 2 + 2,  # BM25's held-out run is scored once, for both seeds
+        "select_settings": 2,
         "select_fusion": 1,  # seed 14's weight (none/zeroshot's is shared)
         "fuse": 1,  # r2+bm25 of seed 14 (none/zeroshot+bm25 is shared)
         "evaluate": 4 + 1,
@@ -147,8 +162,9 @@ def test_changing_bm25_k1_reruns_only_what_depends_on_it(finished_run, tmp_path)
     assert jobs["bm25_search"] == 1 and jobs["bm25_negatives"] == 1
     # pre-training does not read BM25: untouched
     assert "pretrain_generic" not in jobs and "pretrain_corpus" not in jobs
-    # r1, r2, distill, the two grid points (on BM25 negatives) and the reranker
-    assert jobs["train_retriever"] == 3 + 2 and jobs["train_reranker"] == 1
+    # r1, r2, distill, the two grid points (on BM25 negatives) and the reranker with the two
+    # points of its grid (also on BM25 negatives)
+    assert jobs["train_retriever"] == 3 + 2 and jobs["train_reranker"] == 1 + 2
     # every evaluated row but the off-the-shelf model's (both fused rows read BM25's run)
     assert jobs["evaluate"] == 5 + 2
     # r1, r2, distill and the two grid points; one shard each; zeroshot untouched

@@ -3,3 +3,12 @@ def training_split(wildcards):
     return (
         "fit" if SELECTION.is_point(wildcards) else COLLECTIONS.train_split(wildcards)
     )
+
+
+def reranker_split(wildcards):
+    """The split a reranker trains on: a grid point's is the fit part of the held-out split."""
+    return (
+        "fit"
+        if SELECTION.is_reranker_point(wildcards)
+        else COLLECTIONS.train_split(wildcards)
+    )

@@ -7,6 +7,8 @@ The selection (``finetune.select``, docs/selection.md) never reads a test query:
    fusion weight converging with under 5% of the training queries);
 2. every point of a grid over ``finetune.retriever``'s settings (:func:`grid_points`, named by
    :func:`point_name`) trains retriever 1 on the fit part and is scored on the held-out part;
+   a grid over ``finetune.reranker``'s trains the reranker on the fit part's BM25 negatives and
+   reranks BM25's held-out run (the one first stage that never read a training query);
 3. :func:`best_point` takes the point with the highest mean of the named metric; the rows then
    train with its settings on every training query (:func:`apply_settings`);
 4. a fused row ``<row>+bm25``'s weight is chosen the same way (:func:`best_point` over the
@@ -27,8 +29,8 @@ from typing import Any
 
 from dprflow.errors import StageError
 
-# The finetune.retriever settings a grid may vary (the arguments of the retriever's training).
-GRID_KEYS = (
+# The optimizer settings of every fine-tuning section a grid may vary.
+OPTIM_KEYS = (
     "learning_rate",
     "epochs",
     "max_steps",
@@ -36,8 +38,13 @@ GRID_KEYS = (
     "group_size",
     "warmup_ratio",
     "weight_decay",
-    "temperature",
 )
+# The finetune.retriever settings a grid may vary (the arguments of the retriever's training).
+GRID_KEYS = (*OPTIM_KEYS, "temperature")
+# The finetune.reranker settings a reranker grid may vary (finetune.select.reranker).
+RERANKER_GRID_KEYS = (*OPTIM_KEYS, "head_learning_rate")
+# The settings each section's grid may vary, by finetune.select's key (and selection.json's).
+SECTION_KEYS = {"retriever": GRID_KEYS, "reranker": RERANKER_GRID_KEYS}
 # The point of an empty grid: the settings as configured, trained on the fit part.
 CONFIGURED = "configured"
 FIT, HELDOUT = "fit", "heldout"
@@ -73,17 +80,19 @@ def point_name(settings: Mapping[str, Any]) -> str:
     return ",".join(f"{k}={format_value(v)}" for k, v in settings.items())
 
 
-def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+def grid_points(grid: Mapping[str, Sequence[Any]], section: str = "retriever") -> list[dict[str, Any]]:
     """Every combination of the grid's values, the first key varying slowest; ``[{}]`` for an
-    empty grid (one point: the settings as configured)."""
-    unknown = sorted(set(grid) - set(GRID_KEYS))
+    empty grid (one point: the settings as configured). ``section``: the finetune.select key
+    whose grid it is (:data:`SECTION_KEYS`)."""
+    allowed = SECTION_KEYS[section]
+    unknown = sorted(set(grid) - set(allowed))
     if unknown:
         raise ValueError(
-            f"finetune.select.retriever: unknown setting {unknown[0]!r}; allowed: {', '.join(GRID_KEYS)}"
+            f"finetune.select.{section}: unknown setting {unknown[0]!r}; allowed: {', '.join(allowed)}"
         )
     for key, values in grid.items():
         if not values:
-            raise ValueError(f"finetune.select.retriever.{key}: an empty list of values")
+            raise ValueError(f"finetune.select.{section}.{key}: an empty list of values")
     keys = list(grid)
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(grid[k] for k in keys))]
 
@@ -107,7 +116,7 @@ def apply_settings(args: Any, selection_path: str | Path, section: str = "retrie
     with open(selection_path) as fh:
         chosen = json.load(fh)[section]["settings"]
     for key, value in chosen.items():
-        if key not in GRID_KEYS or not hasattr(args, key):
+        if key not in SECTION_KEYS[section] or not hasattr(args, key):
             raise StageError(f"{selection_path}: {section}.settings.{key} is not a setting of this stage")
         setattr(args, key, value)
     return chosen

@@ -188,8 +188,12 @@ class FinetunePlan(UnderResults):
 
     # ---- the reranker ------------------------------------------------------------------------
 
+    def reranker_section(self, wildcards) -> dict[str, Any]:
+        """The reranker's settings (a grid point's: the section with the point's over it)."""
+        return {**self.finetune["reranker"], **self.selection.reranker_point_settings(wildcards)}
+
     def reranker_flags(self, wildcards) -> str:
-        r = self.finetune["reranker"]
+        r = self.reranker_section(wildcards)
         pooling = self.models.reranker_pooling()
         return (
             (f"--pooling {q(pooling)} " if pooling else "")
@@ -198,5 +202,12 @@ class FinetunePlan(UnderResults):
             + f" --max-length {q(r['max_length'])} --head-learning-rate {q(r['head_learning_rate'])}"
             + f" --chunk-size {q(r['chunk_size'])}"
             + f" --seed {q(wildcards.seed)}"
+            + self.selection.reranker_selection_flag(wildcards)
             + f" {training_flags(self.config, self.schema)}"
         )
+
+    def train_reranker_mem_mb(self, wildcards) -> int:
+        return self.resources.training(self.reranker_section(wildcards), wildcards.collection)[0]
+
+    def train_reranker_runtime(self, wildcards) -> int:
+        return self.resources.training(self.reranker_section(wildcards), wildcards.collection)[1]

@@ -101,12 +101,6 @@ class ResourceEstimates:
         return int(15 + self.passages(wildcards.collection) / 200_000)
 
     # ----------------------------------------------------------------------- reranker
-    def train_reranker_mem_mb(self, wildcards: Any) -> int:
-        return self.training(self.ft["reranker"], wildcards.collection)[0]
-
-    def train_reranker_runtime(self, wildcards: Any) -> int:
-        return self.training(self.ft["reranker"], wildcards.collection)[1]
-
     def rerank_runtime(self, wildcards: Any) -> int:
         """K3 pairs per query; the evaluation queries are at most a tenth of the training ones here."""
         pairs = self.ft["reranker"]["depth"] * max(1000, self.train_queries(wildcards.collection) // 10)

@@ -17,18 +17,30 @@ from dprflow.plan import UnderResults, rows
 from dprflow.plan.run_rows import RunRows
 from dprflow.rule_flags import q
 
+# The folder, in a seed's select/, of the reranker grid's points (select/rerank/<point>) and choice.
+RERANKER_GRID = "rerank"
+
 
 class SelectionPlan(UnderResults):
-    """``points``: the grid's points by folder name, in grid order (``{}`` is the settings as
-    configured; dprflow.finetuning.selection.grid_points and point_name)."""
+    """``points``: the retriever grid's points by folder name, in grid order (``{}`` is the
+    settings as configured; dprflow.finetuning.selection.grid_points and point_name);
+    ``reranker_points``: the reranker grid's (none when finetune.select.reranker is empty)."""
 
-    def __init__(self, config: dict, results: str, points: dict[str, dict[str, Any]], run_rows: RunRows):
+    def __init__(
+        self,
+        config: dict,
+        results: str,
+        points: dict[str, dict[str, Any]],
+        run_rows: RunRows,
+        reranker_points: dict[str, dict[str, Any]] | None = None,
+    ):
         self.finetune = config["finetune"]
         self.select = self.finetune["select"]
         self.fusion = self.finetune["fusion"]
         self.methods = list(config["methods"])
         self.results = results
         self.points = points
+        self.reranker_points = reranker_points or {}
         self.rows = run_rows
         self.heldout_queries = f"{results}/{{collection}}/collection/heldout_queries.parquet"
 
@@ -54,14 +66,18 @@ class SelectionPlan(UnderResults):
         """Whether the retriever trained is a grid point (``select/<point>``)."""
         return wildcards.trained.startswith("select/")
 
+    @staticmethod
+    def named_point(points: dict[str, dict[str, Any]], name: str, section: str) -> dict[str, Any]:
+        """The settings of the point a folder names, in ``section``'s grid ``points``."""
+        if name not in points:
+            raise ValueError(
+                f"{name!r} is not a point of finetune.select.{section}'s grid: {', '.join(points)}"
+            )
+        return points[name]
+
     def point_settings(self, wildcards) -> dict[str, Any]:
         """The settings a grid point trains with (its folder name: ``points``)."""
-        name = wildcards.trained.split("/", 1)[1]
-        if name not in self.points:
-            raise ValueError(
-                f"{name!r} is not a point of finetune.select.retriever's grid: {', '.join(self.points)}"
-            )
-        return self.points[name]
+        return self.named_point(self.points, wildcards.trained.split("/", 1)[1], "retriever")
 
     def training_queries(self, wildcards) -> str:
         """The queries a retriever trains on: a grid point reads the held-out split's table (its
@@ -70,15 +86,106 @@ class SelectionPlan(UnderResults):
             return self.heldout_queries.format(collection=wildcards.collection)
         return self.path(wildcards.collection, "collection", "queries.parquet")
 
+    # ---- the reranker's grid (select/rerank/<point>) -----------------------------------------
+
+    def selects_reranker(self, method: str) -> bool:
+        """Whether ``method``'s reranker trains with settings chosen on held-out queries: a
+        reranker grid, and a reranker among the method's stages (distill trains one too)."""
+        stages = self.rows.stages(method)
+        return bool(self.reranker_points) and ("rerank" in stages or "distill" in stages)
+
+    @staticmethod
+    def is_reranker_point(wildcards) -> bool:
+        """Whether the reranker trained is a grid point (``select/rerank/<point>``)."""
+        return wildcards.reranker.startswith(f"select/{RERANKER_GRID}/")
+
+    def reranker_point_settings(self, wildcards) -> dict[str, Any]:
+        """The settings a reranker grid point trains with; the row's own: none."""
+        if not self.is_reranker_point(wildcards):
+            return {}
+        return self.named_point(self.reranker_points, wildcards.reranker.rsplit("/", 1)[1], "reranker")
+
+    def reranker_selection(self, wildcards) -> str:
+        return self.path(
+            wildcards.collection,
+            wildcards.method,
+            rows.seed_folder(wildcards.seed),
+            "select",
+            RERANKER_GRID,
+            "selection.json",
+        )
+
+    def reranker_training(self, wildcards) -> dict[str, str]:
+        """What a reranker trains on. A grid point: the fit part of the training queries (the
+        split's table, which holds no held-out or test query in that part) with BM25's negatives,
+        the one pool no model trained on a held-out query mined. The row: every training query
+        with retriever 2's negatives (K3), and the grid's choice when there is one."""
+        c = wildcards.collection
+        if self.is_reranker_point(wildcards):
+            return {
+                "queries": self.heldout_queries.format(collection=c),
+                "negatives": self.path(c, rows.BM25, "negatives.parquet"),
+            }
+        seed = self.path(c, wildcards.method, rows.seed_folder(wildcards.seed))
+        out = {
+            "queries": self.path(c, "collection", "queries.parquet"),
+            "negatives": f"{seed}/r2/negatives.parquet",
+        }
+        if self.selects_reranker(wildcards.method):
+            out["selection"] = self.reranker_selection(wildcards)
+        return out
+
+    def reranker_selection_flag(self, wildcards) -> str:
+        """--selection of the reranker row when a grid chooses its settings (the path rebuilt)."""
+        if self.is_reranker_point(wildcards) or not self.selects_reranker(wildcards.method):
+            return ""
+        return f" --selection {q(self.reranker_selection(wildcards))}"
+
+    def reranked_inputs(self, wildcards) -> dict[str, str]:
+        """What a reranking reads: a grid point's model reranks BM25's run of the held-out queries;
+        the row's, retriever 2's run of the evaluation queries."""
+        c, folder = wildcards.collection, wildcards.reranked
+        seed = self.path(c, wildcards.method, rows.seed_folder(wildcards.seed))
+        if folder == RERANKER_GRID:
+            return {
+                "model": f"{seed}/{RERANKER_GRID}/model",
+                "run": f"{seed}/r2/run.parquet",
+                "queries": self.path(c, "collection", "queries.parquet"),
+            }
+        return {
+            "model": f"{seed}/{folder.removesuffix('/heldout')}/model",
+            "run": self.path(c, rows.BM25, "heldout", "run.parquet"),
+            "queries": self.heldout_queries.format(collection=c),
+        }
+
+    # ---- choosing -----------------------------------------------------------------------------
+
+    def grid_of(self, wildcards) -> tuple[str, dict[str, dict[str, Any]]]:
+        """The section and the points a chooser (``seed-<seed>/select``, or its ``/rerank``)
+        chooses among."""
+        if wildcards.chooser.endswith(f"/{RERANKER_GRID}"):
+            return "reranker", self.reranker_points
+        return "retriever", self.points
+
     def chooser_inputs(self, wildcards) -> dict[str, Any]:
-        """What a seed's selection.json is chosen from: every grid point's held-out metrics."""
+        """What a seed's selection.json is chosen from: every grid point's held-out metrics (and,
+        for the reranker's grid, those of the run its points rerank: BM25's)."""
         c, m = wildcards.collection, wildcards.method
-        runs = [self.path(c, m, wildcards.chooser, p, "heldout") for p in self.points]
-        return {"metrics": [f"{r}/metrics.parquet" for r in runs]}
+        section, points = self.grid_of(wildcards)
+        runs = [self.path(c, m, wildcards.chooser, p, "heldout") for p in points]
+        out = {"metrics": [f"{r}/metrics.parquet" for r in runs]}
+        if section == "reranker":
+            out["first_stage"] = self.path(c, rows.BM25, "heldout", "metrics.parquet")
+        return out
 
     def chooser_flags(self, wildcards) -> str:
         """The grid, in the order of the metrics files, and the metric the choice maximises."""
-        return f"--grid {q(json.dumps(list(self.points.values())))} --metric {q(self.select['metric'])}"
+        section, points = self.grid_of(wildcards)
+        flags = f"--grid {q(json.dumps(list(points.values())))} --metric {q(self.select['metric'])}"
+        if section == "reranker":
+            first = self.path(wildcards.collection, rows.BM25, "heldout", "metrics.parquet")
+            flags += f" --section reranker --first-stage {q(first)}"
+        return flags
 
     def fusion_runs(self, wildcards) -> list[str]:
         """The dense held-out runs a fusion weight is chosen with: the model off the shelf's, or
@@ -176,6 +283,12 @@ class SelectionPlan(UnderResults):
                     for m in self.methods
                     for s in self.rows.seeds()
                 ]
+            files += [
+                self.reranker_selection(SimpleNamespace(collection=c, method=m, seed=s))
+                for m in self.methods
+                if self.selects_reranker(m)
+                for s in self.rows.seeds()
+            ]
             if self.fusion["method"] == "convex":
                 for row in self.rows.fused():
                     method, fused = rows.unfused(row).split("/", 1)

@@ -145,8 +145,9 @@ def parse_pairs(pairs: list[str], flag: str) -> dict[str, str]:
 
 def selections_markdown(paths: list[str], results: Path) -> str:
     """What was chosen on held-out training queries (docs/selection.md), a table row per choice:
-    every grid point's (selection.json) and every fusion weight's (fusion.json) held-out value, the
-    winner and its margin."""
+    every grid point's (selection.json: the retriever's, the reranker's beside the BM25 run its
+    points reranked) and every fusion weight's (fusion.json) held-out value, the winner and its
+    margin."""
     if not paths:
         return ""
     metric = json.loads(Path(paths[0]).read_text())["metric"]
@@ -162,11 +163,15 @@ def selections_markdown(paths: list[str], results: Path) -> str:
     for path in paths:
         chosen = json.loads(Path(path).read_text())
         where = Path(path).parent.relative_to(results).as_posix()
-        retriever = chosen.get("retriever")
-        if retriever and len(retriever["points"]) > 1:
-            tried = ", ".join(f"{p['point']}: {p['value']:.4f}" for p in retriever["points"])
-            best = f"{retriever['best']} (by {retriever['margin']:.4f})"
-            lines.append(f"| {where} | retriever settings | {tried} | {best} |")
+        for section in ("retriever", "reranker"):
+            grid = chosen.get(section)
+            if not grid or len(grid["points"]) < 2:
+                continue
+            tried = ", ".join(f"{p['point']}: {p['value']:.4f}" for p in grid["points"])
+            best = f"{grid['best']} (by {grid['margin']:.4f}"
+            if "first_stage" in grid:  # what the points reranked, alone
+                best += f"; BM25 alone {grid['first_stage']:.4f}"
+            lines.append(f"| {where} | {section} settings | {tried} | {best}) |")
         if "weights" in chosen:  # select_fusion's fusion.json
             tried = ", ".join(
                 f"{w['normalization']} {w['weight']:g}: {w['value']:.4f}" for w in chosen["weights"]

@@ -3,7 +3,10 @@
 Reads every grid point's per-query metrics on the held-out training queries (stage ``evaluate``
 on ``heldout_queries``' split ``heldout``) and takes the point with the highest mean of the named
 metric (:func:`dprflow.finetuning.selection.best_point`). Writes ``selection.json``: every
-point's held-out value, the winner and its margin, which the rows' training (``--selection``),
+point's held-out value, the winner and its margin under the grid's section (``retriever`` or
+``reranker``; a reranker's grid also records its first stage's held-out value, the run it
+reranked, so that the comparison shows whether reranking helped at all), which the rows' training
+(``--selection``),
 the fusion weight's choice (stage ``select_fusion``) and the comparison read
 (docs/selection.md). The fusion weight is chosen in a job of its own, so that a change to the
 fusion retrains no retriever.
@@ -20,7 +23,7 @@ from dprflow.cli import run_stage
 from dprflow.data.schemas import read_table
 from dprflow.errors import StageError
 from dprflow.files import atomic_path
-from dprflow.finetuning.selection import best_point, point_name
+from dprflow.finetuning.selection import SECTION_KEYS, best_point, point_name
 
 log = logging.getLogger("dprflow.select_settings")
 
@@ -33,6 +36,16 @@ class Args:
     metrics: list[str] = field(metadata={"help": "each point's held-out metrics.parquet, in grid order"})
     metric: str = field(metadata={"help": "the ir_measures name the choice maximises"})
     out: str = field(metadata={"help": "selection.json to write"})
+    section: str = field(
+        default="retriever",
+        metadata={"help": "whose settings the grid varies", "choices": list(SECTION_KEYS)},
+    )
+    first_stage: str | None = field(
+        default=None,
+        metadata={
+            "help": "a reranker grid's first stage: the held-out metrics.parquet of the run it reranked"
+        },
+    )
 
     def check(self) -> None:
         if len(self.metrics) != len(json.loads(self.grid)):
@@ -53,18 +66,17 @@ def select(args: Args) -> dict:
     best = best_point(values)
     settings = grid[list(values).index(best)]
     ranked = sorted(values.values(), reverse=True)
-    selection = {
-        "metric": args.metric,
-        "retriever": {
-            "points": [
-                {"point": n, "settings": s, "value": v}
-                for (n, v), s in zip(values.items(), grid, strict=True)
-            ],
-            "best": best,
-            "settings": settings,
-            "margin": ranked[0] - ranked[1] if len(ranked) > 1 else None,
-        },
+    chosen = {
+        "points": [
+            {"point": n, "settings": s, "value": v} for (n, v), s in zip(values.items(), grid, strict=True)
+        ],
+        "best": best,
+        "settings": settings,
+        "margin": ranked[0] - ranked[1] if len(ranked) > 1 else None,
     }
+    if args.first_stage:
+        chosen["first_stage"] = mean_metric(args.first_stage, args.metric)
+    selection = {"metric": args.metric, args.section: chosen}
     log.info("held-out %s: %s; best %s", args.metric, values, best)
     with atomic_path(args.out) as tmp, open(tmp, "w") as fh:
         json.dump(selection, fh, indent=2)
