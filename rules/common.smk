@@ -31,7 +31,7 @@ from dprflow.plan.doc2query import Doc2QueryPlan
 from dprflow.plan.finetune import FinetunePlan, run_tag
 from dprflow.plan.models import ModelPlan
 from dprflow.plan.run_rows import RunRows
-from dprflow.plan.selection import RERANKER_GRID, SelectionPlan
+from dprflow.plan.selection import NEGATIVES_GRID, RERANKER_GRID, SelectionPlan
 from dprflow.plan.report import ReportPlan, compare_results_dir, report_results_dir
 from dprflow.plan.resources import ResourceEstimates, training_launcher
 from dprflow.plan.pretrain import (
@@ -113,10 +113,11 @@ FT = config["finetune"]
 
 # an encoder whose corpus is encoded and searched: zeroshot, or seed-<seed>/<trained>
 TRAINED_RETRIEVER = f"{SEED_PATTERN}/(r1|r2|distill)"
-# a point of finetune.select's grid: retriever 1 trained on the fit part of the training queries
-# (dprflow.finetuning.selection.point_name)
+# a point of finetune.select's grids: retriever 1 trained on the fit part of the training queries
+# (select/<point>, dprflow.finetuning.selection.point_name), or retriever 2 (select/r2/<point>,
+# the negatives' mix)
 POINT = "[A-Za-z0-9_.=,-]+"
-SELECT_RETRIEVER = f"{SEED_PATTERN}/select/{POINT}"
+SELECT_RETRIEVER = f"{SEED_PATTERN}/select/({NEGATIVES_GRID}/)?{POINT}"
 NATIVE_RETRIEVER = f"{plan_rows.ZEROSHOT}|{TRAINED_RETRIEVER}|{SELECT_RETRIEVER}"
 # searched for the held-out training queries (the selection): a grid point, or the model off the
 # shelf (its fusion weight)
@@ -138,7 +139,7 @@ EVAL_ONLY_RETRIEVER = (
 wildcard_constraints:
     # ... with /on-<collection> when it encodes another collection's corpus (transfer)
     retriever=f"({NATIVE_RETRIEVER}){TRANSFER_SUFFIX}",
-    trained=f"r1|r2|distill|select/{POINT}",
+    trained=f"r1|r2|distill|select/({NEGATIVES_GRID}/)?{POINT}",
     seed="[0-9]+",
     shard="[0-9]+",
 
@@ -161,15 +162,16 @@ PRETRAIN = PretrainPlan(config, SCHEMA, RESULTS, INIT_TOKENIZER)
 
 # The selection's inputs and flags (finetune.select, finetune.fusion): dprflow.plan.selection.
 SELECT = FT["select"]
+# Each grid's points by folder name (an empty retriever grid is one point, the settings as
+# configured; an empty reranker or negatives grid has none).
 SELECTION = SelectionPlan(
     config,
     RESULTS,
     {point_name(p): p for p in grid_points(SELECT["retriever"])},
     ROWS,
-    (
-        {point_name(p): p for p in grid_points(SELECT["reranker"], "reranker")}
-        if SELECT["reranker"]
-        else {}
+    *(
+        {point_name(p): p for p in grid_points(SELECT[s], s)} if SELECT[s] else {}
+        for s in ("reranker", "negatives")
     ),
 )
 

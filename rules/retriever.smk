@@ -187,7 +187,8 @@ rule export_faiss:
 rule mine_negatives:
     input:
         code=stage_code("mine_negatives"),
-        run=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/{{trained}}/train_run.parquet",
+        run=SELECTION.mined_runs,
+        selection=SELECTION.mining_selection,
         qrels=rules.ingest.output.qrels,
         passages=rules.split_passages.output.passages,
     output:
@@ -196,6 +197,10 @@ rule mine_negatives:
         f"{LOGS}/{{collection}}/{{method}}/{SEED_DIR}/mine_negatives_{{trained}}.log",
     benchmark:
         f"{BENCHMARKS}/{{collection}}/{{method}}/{SEED_DIR}/mine_negatives_{{trained}}.tsv"
+    # r1's pool (K2) for r2, r2's (K3) for the reranker, or the fit part's (select) for the
+    # negatives' grid, from the chosen retriever point's fit run
+    wildcard_constraints:
+        trained="r1|r2|select",
     conda:
         "../envs/evaluation.yaml"
     threads: 1
@@ -204,9 +209,11 @@ rule mine_negatives:
         runtime=30,
     params:
         depth=FINETUNE.mining_depth,
+        flags=SELECTION.mining_flags,
     shell:
         "python -m dprflow.stages.mine_negatives --run {input.run:q} --qrels {input.qrels:q}"
-        " --passages {input.passages:q} --out {output.negatives:q} --depth {params.depth:q} > {log:q} 2>&1"
+        " --passages {input.passages:q} --out {output.negatives:q} --depth {params.depth:q}{params.flags}"
+        " > {log:q} 2>&1"
 
 
 rule nb_recall:

@@ -66,6 +66,8 @@ rule bm25_heldout:
         " --k1 {params.k1:q} --b {params.b:q} --threads {threads} --heap-mb {resources.java_heap_mb:q} > {log:q} 2>&1"
 
 
+# A part of the held-out split searched: the held-out queries (scored, at search_depth), or the
+# fit queries (at mining_depth: the pool the negatives' grid draws from, mine_negatives).
 rule search_heldout:
     input:
         code=stage_code("search_dense"),
@@ -73,15 +75,16 @@ rule search_heldout:
         queries=SELECTION.heldout_queries,
         model=FINETUNE.encoder_inputs,
     output:
-        run=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/heldout/run.parquet",
-        trec=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/heldout/run.trec",
-        encoder=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/heldout/encoder.json",
+        run=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/{{part}}/run.parquet",
+        trec=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/{{part}}/run.trec",
+        encoder=f"{RESULTS}/{{collection}}/{{method}}/{{retriever}}/{{part}}/encoder.json",
     log:
-        f"{LOGS}/{{collection}}/{{method}}/{{retriever}}/search_heldout.log",
+        f"{LOGS}/{{collection}}/{{method}}/{{retriever}}/search_{{part}}.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/{{retriever}}/search_heldout.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{{retriever}}/search_{{part}}.tsv"
     wildcard_constraints:
         retriever=HELDOUT_RETRIEVER,
+        part="heldout|fit",
     conda:
         "../envs/training.yaml"
     threads: 2
@@ -91,13 +94,13 @@ rule search_heldout:
     params:
         fingerprint=MODELS.init_fingerprint,
         flags=FINETUNE.search_flags,
-        depth=FT["search_depth"],
+        depth=SELECTION.part_depth,
         max_length=FT["max_query_length"],
         tag=run_tag,
     shell:
         "python -m dprflow.stages.search_dense {params.flags} --embeddings {input.embeddings:q}"
         " --queries {input.queries:q} --out {output.run:q} --trec {output.trec:q}"
-        " --encoder-out {output.encoder:q} --eval-split heldout --depth {params.depth:q}"
+        " --encoder-out {output.encoder:q} --eval-split {wildcards.part:q} --depth {params.depth:q}"
         " --max-length {params.max_length:q} --tag {params.tag:q} --threads {threads:q} > {log:q} 2>&1"
 
 
@@ -143,7 +146,7 @@ rule select_settings:
     benchmark:
         f"{BENCHMARKS}/{{collection}}/{{method}}/{{chooser}}/select_settings.tsv"
     wildcard_constraints:
-        chooser=f"{SEED_PATTERN}/select(/{RERANKER_GRID})?",
+        chooser=f"{SEED_PATTERN}/select(/({RERANKER_GRID}|{NEGATIVES_GRID}))?",
     conda:
         "../envs/evaluation.yaml"
     threads: 1

@@ -15,7 +15,7 @@ POINTS = {"learning_rate=2e-05": {"learning_rate": 2e-5}, "learning_rate=5e-05":
 
 
 def plan(
-    grid=True, method="convex", fused=("zeroshot", "r2"), seeds=(), stages=("r1", "r2")
+    grid=True, method="convex", fused=("zeroshot", "r2"), seeds=(), stages=("r1", "r2"), negatives=False
 ) -> SelectionPlan:
     config = {
         "collections": {"docs": {"evaluate_only": False, "evaluate_on": []}},
@@ -26,6 +26,7 @@ def plan(
             "stages": list(stages),
             "stages_of": {},
             "search_depth": 100,
+            "mining_depth": 200,
             "select": {"retriever": {"learning_rate": [2e-5, 5e-5]} if grid else {}, "metric": "nDCG@10"},
             "fusion": {
                 "method": method,
@@ -37,10 +38,38 @@ def plan(
         },
     }
     rows = RunRows(config, [])
-    return SelectionPlan(config, "results", POINTS if grid else {"configured": {}}, rows, RERANKER_POINTS)
+    points = POINTS if grid else {"configured": {}}
+    return SelectionPlan(
+        config, "results", points, rows, RERANKER_POINTS, NEGATIVES_POINTS if negatives else None
+    )
 
 
 RERANKER_POINTS = {"epochs=1": {"epochs": 1}, "epochs=3": {"epochs": 3}}
+NEGATIVES_POINTS = {
+    "r2_bm25_fraction=0": {"r2_bm25_fraction": 0.0},
+    "r2_bm25_fraction=0.5": {"r2_bm25_fraction": 0.5},
+}
+
+
+def test_a_negatives_point_is_retriever_2_on_the_fit_part_from_the_chosen_point_s_pool():
+    p = plan(negatives=True)
+    point = W(collection="docs", method="none", seed="13", trained="select/r2/r2_bm25_fraction=0.5")
+    assert p.is_negatives_point(point) and not p.is_point(point) and p.trains_on_fit(point)
+    assert p.negatives_point_settings(point) == {"r2_bm25_fraction": 0.5}
+    assert p.training_queries(point) == "results/docs/collection/heldout_queries.parquet"
+    assert p.fit_negatives(point) == "results/docs/none/seed-13/select/negatives.parquet"
+    assert p.selection_file(point) == ["results/docs/none/seed-13/select/selection.json"]
+    r2 = W(collection="docs", method="none", seed="13", trained="r2")
+    assert p.selection_file(r2)[1] == "results/docs/none/seed-13/select/r2/selection.json"
+    pool = W(collection="docs", method="none", seed="13", trained="select")
+    assert p.mined_runs(pool) == [f"results/docs/none/seed-13/select/{n}/fit/run.parquet" for n in POINTS]
+    assert p.mining_flags(pool) == " --selection results/docs/none/seed-13/select/selection.json"
+    r1 = W(collection="docs", method="none", seed="13", trained="r1")
+    assert p.mined_runs(r1) == ["results/docs/none/seed-13/r1/train_run.parquet"] and p.mining_flags(r1) == ""
+    assert p.part_depth(W(part="fit")) == 200 and p.part_depth(W(part="heldout")) == 100
+    # an empty retriever grid: one point's fit run, nothing to choose among
+    assert plan(grid=False, negatives=True).mining_flags(pool) == ""
+    assert "select/r2/selection.json" in " ".join(p.selection_files())
 
 
 def test_a_reranker_point_trains_on_the_fit_part_s_bm25_negatives_and_the_row_reads_its_choice():

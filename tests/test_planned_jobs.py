@@ -102,7 +102,8 @@ def test_checkpoint_interval_and_threads_rerun_no_job(finished_tiny_results):
         workdir,
         _variant(workdir, config, "lr", retriever={**config["finetune"]["retriever"], "learning_rate": 3e-5}),
     )
-    assert jobs.get("train_retriever") == 3  # r1, r2 and the retriever distilled after r2
+    # r1, r2, the retriever distilled after r2, and the negatives' grid points (r2 on the fit part)
+    assert jobs.get("train_retriever") == 3 + 2
 
 
 def test_stages_choose_each_method_s_fine_tuned_rows(tmp_path):
@@ -115,10 +116,11 @@ def test_stages_choose_each_method_s_fine_tuned_rows(tmp_path):
     config["finetune"].update(stages=["r1"], stages_of={"none": ["r1", "r2"]})
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     jobs = planned_jobs(tmp_path, tmp_path / "c.yaml")
-    # the three rows, and each method's two grid points (finetune.select in the tiny config)
-    assert jobs["train_retriever"] == 3 + 2 * 2 and jobs["mine_negatives"] == 1 and jobs["nb_recall"] == 1, (
-        jobs
-    )
+    # the three rows, each method's two grid points (finetune.select in the tiny config), and
+    # none's two negatives' points (r2 on the fit part, from the fit part's pool): cocondenser
+    # trains no r2, so neither
+    assert jobs["train_retriever"] == 3 + 2 * 2 + 2 and jobs["mine_negatives"] == 1 + 1, jobs
+    assert jobs["nb_recall"] == 1, jobs
     assert "train_reranker" not in jobs and "score_candidates" not in jobs
     assert jobs["export_model"] == 3 and jobs["pretrain_corpus"] == 1
     message = config_problems(_set("finetune.stages_of", {"cdmae": ["r1"]}))
@@ -137,9 +139,10 @@ def test_more_encoding_shards_retrain_no_pretraining_and_no_first_retriever(fini
     assert jobs.get("encode_corpus", 0) > 0
     assert not [r for r in jobs if r.startswith("pretrain_")], jobs
     # r2 and the distilled retriever, and r1: the grid's choice (selection.json, read by r1) is
-    # made again from the grid points' held-out runs over the re-encoded corpus; the points
-    # themselves, trained on BM25 negatives, are not
-    assert jobs.get("train_retriever", 0) == 3
+    # made again from the grid points' held-out runs over the re-encoded corpus; the retriever
+    # points themselves, trained on BM25 negatives, are not, but the negatives' points are (their
+    # pool is mined from a retriever point's search of the fit queries)
+    assert jobs.get("train_retriever", 0) == 3 + 2
 
 
 @pytest.mark.slow
@@ -161,8 +164,9 @@ def test_editing_a_module_a_stage_imports_reruns_that_stage_and_what_follows(fin
     losses = repo / "src" / "dprflow" / "finetuning" / "losses.py"
     losses.write_text(losses.read_text() + "\n# an edit\n")
     jobs = planned_jobs(workdir, workdir / "base.yaml", *copy)
-    # r1, r2, the distilled retriever and the two grid points all import losses.py
-    assert jobs.get("train_retriever") == 3 + 2 and jobs.get("train_reranker") == 1, jobs
+    # r1, r2, the distilled retriever, the four grid points and the reranker with its grid's two
+    # all import losses.py
+    assert jobs.get("train_retriever") == 3 + 2 + 2 and jobs.get("train_reranker") == 1 + 2, jobs
     upstream = (
         "ingest",
         "split_passages",

@@ -15,8 +15,10 @@ from dry_runs import all_methods_plan, commands_by_rule
 from dprflow.data.schemas import read_table, write_table
 from dprflow.errors import StageError
 from dprflow.finetuning.selection import (
+    apply_selections,
     apply_settings,
     best_point,
+    chosen_path,
     grid_points,
     heldout_ids,
     point_name,
@@ -99,6 +101,27 @@ def test_apply_settings_sets_the_chosen_values_and_refuses_others(tmp_path):
     path.write_text(json.dumps({"reranker": {"settings": {"temperature": 0.05}}}))
     with pytest.raises(StageError, match="reranker.settings.temperature is not a setting"):
         apply_settings(SimpleNamespace(temperature=1.0), path, "reranker")
+    # r2 reads two files: the retriever's choice and the negatives' mix (its argument extra_fraction)
+    mix = tmp_path / "mix.json"
+    mix.write_text(json.dumps({"negatives": {"settings": {"r2_bm25_fraction": 0.5}}}))
+    path.write_text(json.dumps({"retriever": {"settings": {"learning_rate": 5e-5}}}))
+    r2 = SimpleNamespace(learning_rate=2e-5, extra_fraction=0.0)
+    got = apply_selections(r2, [str(path), str(mix)], ("retriever", "negatives"))
+    assert got == {"learning_rate": 5e-5, "r2_bm25_fraction": 0.5} and r2.extra_fraction == 0.5
+    with pytest.raises(StageError, match="no choice of reranker"):
+        apply_selections(r2, [str(mix)], ("reranker",))
+
+
+def test_the_chosen_point_s_file_is_taken_by_name(tmp_path):
+    selection = tmp_path / "selection.json"
+    points = [{"point": "a"}, {"point": "b"}, {"point": "c"}]
+    selection.write_text(json.dumps({"retriever": {"points": points, "best": "b"}}))
+    assert chosen_path(["ra", "rb", "rc"], str(selection)) == "rb"
+    assert chosen_path(["only"], None) == "only"
+    with pytest.raises(StageError, match="3 grid points, but 2 files"):
+        chosen_path(["ra", "rb"], str(selection))
+    with pytest.raises(StageError, match="no selection.json"):
+        chosen_path(["ra", "rb"], None)
 
 
 # ---- fusion --------------------------------------------------------------------------------------
@@ -422,6 +445,35 @@ def test_a_grid_trains_each_point_on_the_fit_part_and_the_rows_read_the_choice(t
     assert (
         "none/seed-13/r2+bm25/metrics.parquet" in compare and "none/zeroshot+bm25/metrics.parquet" in compare
     )
+
+
+def test_a_negatives_grid_trains_r2_on_the_fit_part_from_the_chosen_point_s_pool(tmp_path):
+    """The fit queries are searched with every retriever point and the chosen one's run mined
+    (K2); each negatives' point trains r2 on the fit part from that pool and BM25's at its share,
+    with the retriever's choice; the r2 row reads both choices and BM25's pool."""
+    overrides = SELECTION.replace("  fusion:", "    negatives: {r2_bm25_fraction: [0.0, 0.5]}\n  fusion:")
+    commands = commands_by_rule(all_methods_plan(tmp_path, overrides))
+    fit = [c for c in commands["search_heldout"] if "--eval-split fit" in c]
+    assert len(fit) == 2 and all("--depth 200" in c and "/fit/run.parquet" in c for c in fit)
+    (pool,) = [c for c in commands["mine_negatives"] if "select/negatives.parquet" in c]
+    assert (
+        pool.count("/fit/run.parquet") == 2
+        and "--selection results/stdlib/none/seed-13/select/selection.json" in pool
+    )
+    train = commands["train_retriever"]
+    points = [c for c in train if "/select/r2/" in c.split("--out ")[1].split()[0]]
+    assert len(points) == 2 and len(train) == 6
+    for point in points:
+        assert "--split fit" in point and "--role r2" in point
+        assert "--negatives results/stdlib/none/seed-13/select/negatives.parquet" in point
+        assert "--selection results/stdlib/none/seed-13/select/selection.json --extra-negatives" in point
+    assert {c.split("--extra-fraction ")[1].split()[0] for c in points} == {"0.0", "0.5"}
+    (r2,) = [c for c in train if "seed-13/r2/model" in c]
+    chosen = "results/stdlib/none/seed-13/select/selection.json results/stdlib/none/seed-13/select/r2/selection.json"
+    assert f"--selection {chosen}" in r2 and "--extra-negatives results/stdlib/bm25/negatives.parquet" in r2
+    choosers = commands["select_settings"]
+    assert len(choosers) == 2 and sum("--section negatives" in c for c in choosers) == 1
+    assert "select/r2/selection.json" in commands["compare"][0]
 
 
 def test_a_reranker_grid_trains_on_the_fit_part_and_reranks_bm25s_heldout_run(tmp_path):

@@ -51,6 +51,14 @@ def test_the_comparison_has_every_row(finished_run):
     assert f"settings chosen on held-out queries ({seed.relative_to(workdir)}/select/selection.json)" in log
     args = json.loads(log.split("train_retriever arguments: ", 1)[1].splitlines()[0])
     assert args["split"] == "train" and args["selection"]
+    # the negatives' grid: r2 drew BM25's share the held-out queries chose
+    negatives = json.loads((seed / "select" / "r2" / "selection.json").read_text())["negatives"]
+    assert {p["point"] for p in negatives["points"]} == {"r2_bm25_fraction=0", "r2_bm25_fraction=0.5"}
+    r2_log = workdir / "results" / "logs" / "tiny" / "cocondenser" / "seed-13" / "train_retriever_r2.log"
+    r2_args = json.loads(r2_log.read_text().split("train_retriever arguments: ", 1)[1].splitlines()[0])
+    assert len(r2_args["selection"]) == 2
+    assert f"'r2_bm25_fraction': {negatives['settings']['r2_bm25_fraction']}" in r2_log.read_text()
+    assert "| retriever 2's negatives (share from BM25) | " in md
     # the reranker's grid: its points reranked BM25's held-out run; the row trained with the winner
     reranker = json.loads((seed / "select" / "rerank" / "selection.json").read_text())["reranker"]
     assert {p["point"] for p in reranker["points"]} == {"learning_rate=2e-05", "learning_rate=0.001"}
@@ -107,16 +115,18 @@ def test_a_second_seed_reruns_the_fine_tuning_pipeline_only(finished_run, tmp_pa
     result = snakemake(workdir, changed_path, "-n", "-p")
     jobs = planned_jobs(result)
     assert jobs == {
-        "train_retriever": 3 + 2,  # r1, r2, distill, and seed 14's own two grid points
-        "mine_negatives": 2,
+        # r1, r2, distill, and seed 14's own points: two of the retriever's grid, two of the
+        # negatives' (r2 on the fit part)
+        "train_retriever": 3 + 2 + 2,
+        "mine_negatives": 2 + 1,  # and the fit part's pool, from the chosen point's fit run
         "train_reranker": 1 + 2,  # and the reranker grid's two points of seed 14
         "rerank": 1 + 2,
         "score_candidates": 1,
-        "encode_corpus": 3 + 2,  # one shard each
+        "encode_corpus": 3 + 2 + 2,  # one shard each
         "search_dense": 3,
-        "search_heldout": 2,
-        "evaluate_heldout": 2 + 2,  # BM25's held-out run is scored once, for both seeds
-        "select_settings": 2,
+        "search_heldout": 2 + 2 + 2,  # the retriever points' held-out and fit parts; r2 points'
+        "evaluate_heldout": 2 + 2 + 2,  # BM25's held-out run is scored once, for both seeds
+        "select_settings": 3,
         "select_fusion": 1,  # seed 14's weight (none/zeroshot's is shared)
         "fuse": 1,  # r2+bm25 of seed 14 (none/zeroshot+bm25 is shared)
         "evaluate": 4 + 1,
@@ -162,13 +172,14 @@ def test_changing_bm25_k1_reruns_only_what_depends_on_it(finished_run, tmp_path)
     assert jobs["bm25_search"] == 1 and jobs["bm25_negatives"] == 1
     # pre-training does not read BM25: untouched
     assert "pretrain_generic" not in jobs and "pretrain_corpus" not in jobs
-    # r1, r2, distill, the two grid points (on BM25 negatives) and the reranker with the two
-    # points of its grid (also on BM25 negatives)
-    assert jobs["train_retriever"] == 3 + 2 and jobs["train_reranker"] == 1 + 2
+    # r1, r2, distill, the two grid points (on BM25 negatives), the negatives' two (r2 on the fit
+    # part, BM25's pool beside the mined one) and the reranker with the two points of its grid
+    # (also on BM25 negatives)
+    assert jobs["train_retriever"] == 3 + 2 + 2 and jobs["train_reranker"] == 1 + 2
     # every evaluated row but the off-the-shelf model's (both fused rows read BM25's run)
     assert jobs["evaluate"] == 5 + 2
-    # r1, r2, distill and the two grid points; one shard each; zeroshot untouched
-    assert jobs["encode_corpus"] == 3 + 2
+    # r1, r2, distill and the four grid points; one shard each; zeroshot untouched
+    assert jobs["encode_corpus"] == 3 + 2 + 2
 
 
 def test_unknown_config_key_stops_the_dag_and_names_it(tmp_path):

@@ -47,10 +47,12 @@ def test_transfer_and_references_dag(tmp_path):
     assert {
         k: jobs.get(k) for k in ("train_retriever", "bm25_negatives", "pretrain_corpus", "train_reranker")
     } == {
-        "train_retriever": 3 + 2,  # r1, r2, distill and the two grid points, all on the training collection
+        # r1, r2, distill, the retriever's and the negatives' two grid points each, all on the
+        # training collection
+        "train_retriever": 3 + 2 + 2,
         "bm25_negatives": 1,
         "pretrain_corpus": 1,
-        "train_reranker": 1,
+        "train_reranker": 1 + 2,  # and the reranker grid's two points
     }
     # none/zeroshot and the reference on each collection; r1, r2, distill on the other
     assert jobs["search_eval"] == 2 * 2 + 3 and jobs["search_dense"] == 3 and jobs["rerank_transfer"] == 1

@@ -1,7 +1,9 @@
 def training_split(wildcards):
     """The split a retriever trains on: a grid point's is the fit part of the held-out split."""
     return (
-        "fit" if SELECTION.is_point(wildcards) else COLLECTIONS.train_split(wildcards)
+        "fit"
+        if SELECTION.trains_on_fit(wildcards)
+        else COLLECTIONS.train_split(wildcards)
     )
 
 

@@ -59,9 +59,11 @@ class GroupTrainingArgs(TrainArgs):
     group_size: int = field(default=4, metadata={"help": "passages per query (1 positive)"})
     batch_size: int = field(default=8, metadata={"help": "queries per step (all processes)"})
     learning_rate: float = field(default=2e-5, metadata={"help": "AdamW peak learning rate"})
-    selection: str | None = field(
-        default=None,
-        metadata={"help": "selection.json (stage select_settings): its chosen settings replace these flags'"},
+    selection: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "selection.json files (stage select_settings): their chosen settings replace these flags'"
+        },
     )
 
 

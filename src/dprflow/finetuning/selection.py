@@ -43,8 +43,11 @@ OPTIM_KEYS = (
 GRID_KEYS = (*OPTIM_KEYS, "temperature")
 # The finetune.reranker settings a reranker grid may vary (finetune.select.reranker).
 RERANKER_GRID_KEYS = (*OPTIM_KEYS, "head_learning_rate")
-# The settings each section's grid may vary, by finetune.select's key (and selection.json's).
-SECTION_KEYS = {"retriever": GRID_KEYS, "reranker": RERANKER_GRID_KEYS}
+# The settings each section's grid may vary, by finetune.select's key (and selection.json's);
+# negatives: retriever 2's mix of mined and BM25 negatives (finetune.r2_bm25_fraction).
+SECTION_KEYS = {"retriever": GRID_KEYS, "reranker": RERANKER_GRID_KEYS, "negatives": ("r2_bm25_fraction",)}
+# A config key whose training argument has another name.
+ARGUMENT = {"r2_bm25_fraction": "extra_fraction"}
 # The point of an empty grid: the settings as configured, trained on the fit part.
 CONFIGURED = "configured"
 FIT, HELDOUT = "fit", "heldout"
@@ -116,7 +119,38 @@ def apply_settings(args: Any, selection_path: str | Path, section: str = "retrie
     with open(selection_path) as fh:
         chosen = json.load(fh)[section]["settings"]
     for key, value in chosen.items():
-        if key not in SECTION_KEYS[section] or not hasattr(args, key):
+        name = ARGUMENT.get(key, key)
+        if key not in SECTION_KEYS[section] or not hasattr(args, name):
             raise StageError(f"{selection_path}: {section}.settings.{key} is not a setting of this stage")
-        setattr(args, key, value)
+        setattr(args, name, value)
     return chosen
+
+
+def apply_selections(args: Any, paths: Sequence[str], sections: Sequence[str]) -> dict[str, Any]:
+    """:func:`apply_settings` for every file of ``paths`` and every one of ``sections`` it holds
+    (r2 reads the retriever's choice and the negatives' mix); a file holding none is an error."""
+    chosen: dict[str, Any] = {}
+    for path in paths:
+        with open(path) as fh:
+            choices = json.load(fh)
+        held = [s for s in sections if s in choices]
+        if not held:
+            raise StageError(f"{path}: no choice of {' or '.join(sections)}")
+        for section in held:
+            chosen.update(apply_settings(args, path, section))
+    return chosen
+
+
+def chosen_path(paths: Sequence[str], selection: str | None, section: str = "retriever") -> str:
+    """The file (a run, a pool) of the point ``selection`` chose, ``paths`` in grid order; the only
+    one without a selection."""
+    if not selection:
+        if len(paths) != 1:
+            raise StageError(f"{len(paths)} grid points' files and no selection.json to say which was chosen")
+        return paths[0]
+    with open(selection) as fh:
+        grid = json.load(fh)[section]
+    names = [p["point"] for p in grid["points"]]
+    if len(names) != len(paths):
+        raise StageError(f"{selection}: {len(names)} grid points, but {len(paths)} files were given")
+    return paths[names.index(grid["best"])]

@@ -111,9 +111,11 @@ class FinetunePlan(UnderResults):
         return max(self.finetune["mining_depth"], self.finetune["reranker"]["depth"])
 
     def mining_depth(self, wildcards) -> int:
-        return (
-            self.finetune["mining_depth"] if wildcards.trained == "r1" else self.finetune["reranker"]["depth"]
-        )
+        """K2 for retriever 2's pools (mined by r1, or by the chosen retriever point on the fit
+        part), K3 for the reranker's (mined by r2)."""
+        if wildcards.trained in ("r1", "select"):
+            return self.finetune["mining_depth"]
+        return self.finetune["reranker"]["depth"]
 
     # ---- training a retriever ----------------------------------------------------------------
 
@@ -136,20 +138,36 @@ class FinetunePlan(UnderResults):
             out["encoder"] = encoder[0]
         if wildcards.trained == "r1" or self.selection.is_point(wildcards):
             out["negatives"] = f"{base}/bm25/negatives.parquet"
-        elif wildcards.trained == "r2":
-            out["negatives"] = f"{method}/r1/negatives.parquet"
-            if self.finetune["r2_bm25_fraction"] > 0:
+        elif wildcards.trained == "r2" or self.selection.is_negatives_point(wildcards):
+            point = self.selection.is_negatives_point(wildcards)
+            out["negatives"] = (
+                self.selection.fit_negatives(wildcards) if point else f"{method}/r1/negatives.parquet"
+            )
+            # BM25's pool beside the mined one: drawn from at the configured or chosen share
+            if (
+                self.extra_fraction(wildcards) > 0
+                or point
+                or self.selection.selects_negatives(wildcards.method)
+            ):
                 out["extra"] = f"{base}/bm25/negatives.parquet"
         else:
             out["negatives"] = f"{method}/r2/negatives.parquet"
             out["teacher"] = f"{method}/rerank/teacher_scores.parquet"
         return out
 
+    def extra_fraction(self, wildcards) -> float:
+        """Retriever 2's share of BM25 negatives: a negatives' grid point's, else the configured
+        one (which a chosen mix replaces in the stage, --selection)."""
+        point = self.selection.negatives_point_settings(wildcards)
+        return point.get("r2_bm25_fraction", self.finetune["r2_bm25_fraction"])
+
     def retriever_flags(self, wildcards) -> str:
         """Hyper-parameters of one trained retriever (distillation has its own section)."""
         inputs = self.retriever_inputs(wildcards)
-        # a grid point is retriever 1 trained on the fit part with the point's settings
-        role = "r1" if self.selection.is_point(wildcards) else wildcards.trained
+        # a grid point is retriever 1 (2, in the negatives' grid) trained on the fit part
+        role = wildcards.trained
+        if self.selection.trains_on_fit(wildcards):
+            role = "r1" if self.selection.is_point(wildcards) else "r2"
         ft = self.finetune
         common = (
             f"--method {q(wildcards.method)} --role {q(role)}"
@@ -174,7 +192,7 @@ class FinetunePlan(UnderResults):
         if temperature is not None:
             flags += f" --temperature {q(temperature)}"
         if "extra" in inputs:
-            flags += f" --extra-negatives {q(inputs['extra'])} --extra-fraction {q(ft['r2_bm25_fraction'])}"
+            flags += f" --extra-negatives {q(inputs['extra'])} --extra-fraction {q(self.extra_fraction(wildcards))}"
         return (
             f"{common}{flags}{optim_flags(section)} --chunk-size {q(section['chunk_size'])}"
             f" {training_flags(self.config, self.schema)}"

@@ -17,14 +17,17 @@ from dprflow.plan import UnderResults, rows
 from dprflow.plan.run_rows import RunRows
 from dprflow.rule_flags import q
 
-# The folder, in a seed's select/, of the reranker grid's points (select/rerank/<point>) and choice.
+# The folders, in a seed's select/, of the reranker grid's points (select/rerank/<point>) and of
+# the negatives' grid's (retriever 2 trained on the fit part: select/r2/<point>), with their choices.
 RERANKER_GRID = "rerank"
+NEGATIVES_GRID = "r2"
 
 
 class SelectionPlan(UnderResults):
     """``points``: the retriever grid's points by folder name, in grid order (``{}`` is the
     settings as configured; dprflow.finetuning.selection.grid_points and point_name);
-    ``reranker_points``: the reranker grid's (none when finetune.select.reranker is empty)."""
+    ``reranker_points`` and ``negatives_points``: the reranker's and the negatives' mix's grids
+    (none when finetune.select.reranker or .negatives is empty)."""
 
     def __init__(
         self,
@@ -33,6 +36,7 @@ class SelectionPlan(UnderResults):
         points: dict[str, dict[str, Any]],
         run_rows: RunRows,
         reranker_points: dict[str, dict[str, Any]] | None = None,
+        negatives_points: dict[str, dict[str, Any]] | None = None,
     ):
         self.finetune = config["finetune"]
         self.select = self.finetune["select"]
@@ -41,6 +45,7 @@ class SelectionPlan(UnderResults):
         self.results = results
         self.points = points
         self.reranker_points = reranker_points or {}
+        self.negatives_points = negatives_points or {}
         self.rows = run_rows
         self.heldout_queries = f"{results}/{{collection}}/collection/heldout_queries.parquet"
 
@@ -48,23 +53,47 @@ class SelectionPlan(UnderResults):
         """Whether r1 and r2 train with settings chosen on held-out queries (a grid with a choice)."""
         return bool(self.select["retriever"])
 
+    def seed_path(self, wildcards, *parts: str) -> str:
+        """A path in the folder of the job's method and seed."""
+        return self.path(wildcards.collection, wildcards.method, rows.seed_folder(wildcards.seed), *parts)
+
     def selection_file(self, wildcards) -> list[str]:
-        """The selection.json that r1 and r2 of a method and seed read, when a grid chooses."""
-        if wildcards.trained in ("r1", "r2") and self.selects_settings():
-            seed = rows.seed_folder(wildcards.seed)
-            return [self.path(wildcards.collection, wildcards.method, seed, "select", "selection.json")]
-        return []
+        """The selection.json files a retriever reads, where grids choose: r1, r2 and the
+        negatives' points the retriever grid's; r2 also the negatives' mix's."""
+        files = []
+        if self.selects_settings() and (
+            wildcards.trained in ("r1", "r2") or self.is_negatives_point(wildcards)
+        ):
+            files.append(self.seed_path(wildcards, "select", "selection.json"))
+        if wildcards.trained == "r2" and self.selects_negatives(wildcards.method):
+            files.append(self.seed_path(wildcards, "select", NEGATIVES_GRID, "selection.json"))
+        return files
 
     def selection_flag(self, wildcards) -> str:
-        """--selection of r1 and r2 when a grid chooses their settings (the path rebuilt from the
+        """--selection of r1 and r2 when grids choose their settings (the paths rebuilt from the
         wildcards, not read from input: see the note at the top of rules/common.smk)."""
         files = self.selection_file(wildcards)
-        return f" --selection {q(files[0])}" if files else ""
+        return f" --selection {' '.join(q(f) for f in files)}" if files else ""
 
     @staticmethod
     def is_point(wildcards) -> bool:
-        """Whether the retriever trained is a grid point (``select/<point>``)."""
-        return wildcards.trained.startswith("select/")
+        """Whether the retriever trained is a point of the retriever's grid (``select/<point>``)."""
+        return wildcards.trained.startswith("select/") and wildcards.trained.count("/") == 1
+
+    @staticmethod
+    def is_negatives_point(wildcards) -> bool:
+        """Whether the retriever trained is a point of the negatives' grid (``select/r2/<point>``)."""
+        return wildcards.trained.startswith(f"select/{NEGATIVES_GRID}/")
+
+    def trains(self, method: str, stage: str) -> bool:
+        """Whether ``method`` trains ``stage``, as a row or for a later row (r2 feeds the reranker,
+        the reranker the distilled retriever)."""
+        later = {"r2": ("r2", "rerank", "distill"), "rerank": ("rerank", "distill")}[stage]
+        return any(s in later for s in self.rows.stages(method))
+
+    def selects_negatives(self, method: str) -> bool:
+        """Whether ``method``'s retriever 2 draws its negatives' mix as chosen on held-out queries."""
+        return bool(self.negatives_points) and self.trains(method, "r2")
 
     @staticmethod
     def named_point(points: dict[str, dict[str, Any]], name: str, section: str) -> dict[str, Any]:
@@ -79,20 +108,59 @@ class SelectionPlan(UnderResults):
         """The settings a grid point trains with (its folder name: ``points``)."""
         return self.named_point(self.points, wildcards.trained.split("/", 1)[1], "retriever")
 
+    def negatives_point_settings(self, wildcards) -> dict[str, Any]:
+        """The negatives' mix a negatives' grid point trains with; any other retriever: none."""
+        if not self.is_negatives_point(wildcards):
+            return {}
+        return self.named_point(self.negatives_points, wildcards.trained.rsplit("/", 1)[1], "negatives")
+
+    def trains_on_fit(self, wildcards) -> bool:
+        return self.is_point(wildcards) or self.is_negatives_point(wildcards)
+
     def training_queries(self, wildcards) -> str:
         """The queries a retriever trains on: a grid point reads the held-out split's table (its
         fit part), so that it can never read a test or a held-out query."""
-        if self.is_point(wildcards):
+        if self.trains_on_fit(wildcards):
             return self.heldout_queries.format(collection=wildcards.collection)
         return self.path(wildcards.collection, "collection", "queries.parquet")
+
+    # ---- the negatives' grid (select/r2/<point>) -----------------------------------------------
+
+    def fit_negatives(self, wildcards) -> str:
+        """The fit queries' pool a negatives' grid point draws from: mined (K2) from the fit
+        queries' run of the retriever-1 point chosen on held-out queries."""
+        return self.seed_path(wildcards, "select", "negatives.parquet")
+
+    def mined_runs(self, wildcards) -> list[str]:
+        """The run a pool is mined from: a row's training-query run, or, for the fit part's pool,
+        every retriever point's fit run (mine_negatives takes the chosen one's)."""
+        if wildcards.trained == "select":
+            return [self.seed_path(wildcards, "select", p, "fit", "run.parquet") for p in self.points]
+        return [self.seed_path(wildcards, wildcards.trained, "train_run.parquet")]
+
+    def part_depth(self, wildcards) -> int:
+        """The depth of a search of the held-out split's part: the held-out queries' as every
+        evaluation run's, the fit queries' as retriever 1's pools (K2)."""
+        return self.finetune["search_depth" if wildcards.part == "heldout" else "mining_depth"]
+
+    def mining_selection(self, wildcards) -> list[str]:
+        """The selection.json naming whose fit run the fit part's pool is mined from, when the
+        retriever's grid chose among several."""
+        if wildcards.trained == "select" and self.selects_settings():
+            return [self.seed_path(wildcards, "select", "selection.json")]
+        return []
+
+    def mining_flags(self, wildcards) -> str:
+        """--selection of the fit part's pool (the path rebuilt, not read from input)."""
+        files = self.mining_selection(wildcards)
+        return f" --selection {q(files[0])}" if files else ""
 
     # ---- the reranker's grid (select/rerank/<point>) -----------------------------------------
 
     def selects_reranker(self, method: str) -> bool:
         """Whether ``method``'s reranker trains with settings chosen on held-out queries: a
         reranker grid, and a reranker among the method's stages (distill trains one too)."""
-        stages = self.rows.stages(method)
-        return bool(self.reranker_points) and ("rerank" in stages or "distill" in stages)
+        return bool(self.reranker_points) and self.trains(method, "rerank")
 
     @staticmethod
     def is_reranker_point(wildcards) -> bool:
@@ -106,14 +174,7 @@ class SelectionPlan(UnderResults):
         return self.named_point(self.reranker_points, wildcards.reranker.rsplit("/", 1)[1], "reranker")
 
     def reranker_selection(self, wildcards) -> str:
-        return self.path(
-            wildcards.collection,
-            wildcards.method,
-            rows.seed_folder(wildcards.seed),
-            "select",
-            RERANKER_GRID,
-            "selection.json",
-        )
+        return self.seed_path(wildcards, "select", RERANKER_GRID, "selection.json")
 
     def reranker_training(self, wildcards) -> dict[str, str]:
         """What a reranker trains on. A grid point: the fit part of the training queries (the
@@ -145,7 +206,7 @@ class SelectionPlan(UnderResults):
         """What a reranking reads: a grid point's model reranks BM25's run of the held-out queries;
         the row's, retriever 2's run of the evaluation queries."""
         c, folder = wildcards.collection, wildcards.reranked
-        seed = self.path(c, wildcards.method, rows.seed_folder(wildcards.seed))
+        seed = self.seed_path(wildcards)
         if folder == RERANKER_GRID:
             return {
                 "model": f"{seed}/{RERANKER_GRID}/model",
@@ -165,6 +226,8 @@ class SelectionPlan(UnderResults):
         chooses among."""
         if wildcards.chooser.endswith(f"/{RERANKER_GRID}"):
             return "reranker", self.reranker_points
+        if wildcards.chooser.endswith(f"/{NEGATIVES_GRID}"):
+            return "negatives", self.negatives_points
         return "retriever", self.points
 
     def chooser_inputs(self, wildcards) -> dict[str, Any]:
@@ -185,6 +248,8 @@ class SelectionPlan(UnderResults):
         if section == "reranker":
             first = self.path(wildcards.collection, rows.BM25, "heldout", "metrics.parquet")
             flags += f" --section reranker --first-stage {q(first)}"
+        elif section != "retriever":
+            flags += f" --section {q(section)}"
         return flags
 
     def fusion_runs(self, wildcards) -> list[str]:
@@ -283,12 +348,13 @@ class SelectionPlan(UnderResults):
                     for m in self.methods
                     for s in self.rows.seeds()
                 ]
-            files += [
-                self.reranker_selection(SimpleNamespace(collection=c, method=m, seed=s))
-                for m in self.methods
-                if self.selects_reranker(m)
-                for s in self.rows.seeds()
-            ]
+            for m in self.methods:
+                for s in self.rows.seeds():
+                    seed = SimpleNamespace(collection=c, method=m, seed=s)
+                    if self.selects_negatives(m):
+                        files.append(self.seed_path(seed, "select", NEGATIVES_GRID, "selection.json"))
+                    if self.selects_reranker(m):
+                        files.append(self.reranker_selection(seed))
             if self.fusion["method"] == "convex":
                 for row in self.rows.fused():
                     method, fused = rows.unfused(row).split("/", 1)

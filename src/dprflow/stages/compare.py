@@ -143,10 +143,18 @@ def parse_pairs(pairs: list[str], flag: str) -> dict[str, str]:
     return out
 
 
+# The grids of selection.json (finetune.select), as the comparison names them.
+GRIDS = {
+    "retriever": "retriever settings",
+    "negatives": "retriever 2's negatives (share from BM25)",
+    "reranker": "reranker settings",
+}
+
+
 def selections_markdown(paths: list[str], results: Path) -> str:
     """What was chosen on held-out training queries (docs/selection.md), a table row per choice:
-    every grid point's (selection.json: the retriever's, the reranker's beside the BM25 run its
-    points reranked) and every fusion weight's (fusion.json) held-out value, the winner and its
+    every grid point's (selection.json: the retriever's, the negatives' mix's, the reranker's
+    beside the BM25 run its points reranked) and every fusion weight's (fusion.json) held-out value, the winner and its
     margin."""
     if not paths:
         return ""
@@ -163,7 +171,7 @@ def selections_markdown(paths: list[str], results: Path) -> str:
     for path in paths:
         chosen = json.loads(Path(path).read_text())
         where = Path(path).parent.relative_to(results).as_posix()
-        for section in ("retriever", "reranker"):
+        for section, what in GRIDS.items():
             grid = chosen.get(section)
             if not grid or len(grid["points"]) < 2:
                 continue
@@ -171,7 +179,7 @@ def selections_markdown(paths: list[str], results: Path) -> str:
             best = f"{grid['best']} (by {grid['margin']:.4f}"
             if "first_stage" in grid:  # what the points reranked, alone
                 best += f"; BM25 alone {grid['first_stage']:.4f}"
-            lines.append(f"| {where} | {section} settings | {tried} | {best}) |")
+            lines.append(f"| {where} | {what} | {tried} | {best}) |")
         if "weights" in chosen:  # select_fusion's fusion.json
             tried = ", ".join(
                 f"{w['normalization']} {w['weight']:g}: {w['value']:.4f}" for w in chosen["weights"]

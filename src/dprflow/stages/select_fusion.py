@@ -29,7 +29,7 @@ from dprflow.data.schemas import read_table
 from dprflow.errors import StageError
 from dprflow.evaluation.metrics import evaluate_run, judged_qrels, passage_run_to_doc_run
 from dprflow.files import atomic_path
-from dprflow.finetuning.selection import HELDOUT, best_point
+from dprflow.finetuning.selection import HELDOUT, best_point, chosen_path
 from dprflow.search.fusion import NORMALIZATIONS, combine, dense_lower_bound, normalised_runs, read_encoder
 from dprflow.search.runs import run_passages
 
@@ -74,19 +74,6 @@ class Args:
             raise ValueError("--runs names several grid points: --selection says which was chosen")
 
 
-def chosen_run(runs: list[str], selection: str | None) -> str:
-    """The held-out run of the grid point ``selection`` chose (``runs`` in grid order), or the
-    only run."""
-    if not selection:
-        return runs[0]
-    with open(selection) as fh:
-        points = json.load(fh)["retriever"]
-    names = [p["point"] for p in points["points"]]
-    if len(names) != len(runs):
-        raise StageError(f"{selection}: {len(names)} grid points, but {len(runs)} runs were given")
-    return runs[names.index(points["best"])]
-
-
 def heldout_value(
     run: pd.DataFrame, parents: pd.DataFrame, qrels: pd.DataFrame, ids: list[str], metric: str
 ) -> float:
@@ -98,7 +85,7 @@ def heldout_value(
 
 
 def choose(args: Args) -> dict:
-    dense_path = chosen_run(args.runs, args.selection)
+    dense_path = chosen_path(args.runs, args.selection)
     queries = read_table(args.queries, "queries")
     ids = queries.loc[queries["split"] == HELDOUT, "query_id"].tolist()
     qrels = judged_qrels(read_table(args.qrels, "qrels"), ids)

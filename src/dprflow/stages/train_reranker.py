@@ -19,7 +19,7 @@ from dprflow.finetuning.examples import GroupTrainingArgs, read_training_example
 from dprflow.finetuning.losses import listwise_ce
 from dprflow.finetuning.pretokenized import GroupTokens, from_ids_if_same, pair_batch
 from dprflow.finetuning.reranking import tokenize_pairs
-from dprflow.finetuning.selection import apply_settings
+from dprflow.finetuning.selection import apply_selections
 from dprflow.training.memory import (
     EncoderShape,
     StepMemory,
@@ -78,9 +78,9 @@ def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> St
 
 def train(args: Args) -> None:
     if args.selection:  # settings chosen on held-out training queries (docs/selection.md)
-        chosen = apply_settings(args, args.selection, "reranker")
+        chosen = apply_selections(args, args.selection, ("reranker",))
         args.check()
-        log.info("settings chosen on held-out queries (%s): %s", args.selection, chosen)
+        log.info("settings chosen on held-out queries (%s): %s", ", ".join(args.selection), chosen)
     with scratch_dir(args.out) as scratch:  # the passages' texts, read a batch at a time
         fine_tune(args, scratch)
 

@@ -25,7 +25,7 @@ from dprflow.finetuning.biencoder import BiEncoder, load_tokenizer, model_prompt
 from dprflow.finetuning.examples import GroupTrainingArgs, read_training_examples, sample_group
 from dprflow.finetuning.losses import contrastive_loss, distillation_loss
 from dprflow.finetuning.pretokenized import GroupTokens, from_ids_if_same, single_batch
-from dprflow.finetuning.selection import apply_settings
+from dprflow.finetuning.selection import apply_selections
 from dprflow.training import distributed
 from dprflow.training.memory import (
     EncoderShape,
@@ -135,9 +135,9 @@ def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> St
 
 def train(args: Args) -> None:
     if args.selection:  # settings chosen on held-out training queries (docs/selection.md)
-        chosen = apply_settings(args, args.selection)
+        chosen = apply_selections(args, args.selection, ("retriever", "negatives"))
         args.check()
-        log.info("settings chosen on held-out queries (%s): %s", args.selection, chosen)
+        log.info("settings chosen on held-out queries (%s): %s", ", ".join(args.selection), chosen)
     with scratch_dir(args.out) as scratch:  # the passages' texts, read a batch at a time
         fine_tune(args, scratch)
 
