@@ -16,6 +16,7 @@ import json
 import os
 import shlex
 
+from dprflow.finetuning.selection import SECTION_KEYS as SELECT_SECTIONS
 from dprflow.finetuning.selection import grid_points, point_name
 from dprflow.plan import rows as plan_rows
 from dprflow.plan.methods import BY_NAME as METHOD_RECORDS
@@ -31,7 +32,12 @@ from dprflow.plan.doc2query import Doc2QueryPlan
 from dprflow.plan.finetune import FinetunePlan, run_tag
 from dprflow.plan.models import ModelPlan
 from dprflow.plan.run_rows import RunRows
-from dprflow.plan.selection import NEGATIVES_GRID, RERANKER_GRID, SelectionPlan
+from dprflow.plan.selection import (
+    DISTILL_GRID,
+    NEGATIVES_GRID,
+    RERANKER_GRID,
+    SelectionPlan,
+)
 from dprflow.plan.report import ReportPlan, compare_results_dir, report_results_dir
 from dprflow.plan.resources import ResourceEstimates, training_launcher
 from dprflow.plan.pretrain import (
@@ -114,10 +120,11 @@ FT = config["finetune"]
 # an encoder whose corpus is encoded and searched: zeroshot, or seed-<seed>/<trained>
 TRAINED_RETRIEVER = f"{SEED_PATTERN}/(r1|r2|distill)"
 # a point of finetune.select's grids: retriever 1 trained on the fit part of the training queries
-# (select/<point>, dprflow.finetuning.selection.point_name), or retriever 2 (select/r2/<point>,
-# the negatives' mix)
+# (select/<point>, dprflow.finetuning.selection.point_name), retriever 2 (select/r2/<point>,
+# the negatives' mix) or the distilled retriever (select/distill/<point>)
 POINT = "[A-Za-z0-9_.=,-]+"
-SELECT_RETRIEVER = f"{SEED_PATTERN}/select/({NEGATIVES_GRID}/)?{POINT}"
+FIT_GRID = f"({NEGATIVES_GRID}|{DISTILL_GRID})/"
+SELECT_RETRIEVER = f"{SEED_PATTERN}/select/({FIT_GRID})?{POINT}"
 NATIVE_RETRIEVER = f"{plan_rows.ZEROSHOT}|{TRAINED_RETRIEVER}|{SELECT_RETRIEVER}"
 # searched for the held-out training queries (the selection): a grid point, or the model off the
 # shelf (its fusion weight)
@@ -139,7 +146,7 @@ EVAL_ONLY_RETRIEVER = (
 wildcard_constraints:
     # ... with /on-<collection> when it encodes another collection's corpus (transfer)
     retriever=f"({NATIVE_RETRIEVER}){TRANSFER_SUFFIX}",
-    trained=f"r1|r2|distill|select/({NEGATIVES_GRID}/)?{POINT}",
+    trained=f"r1|r2|distill|select/({FIT_GRID})?{POINT}",
     seed="[0-9]+",
     shard="[0-9]+",
 
@@ -163,16 +170,13 @@ PRETRAIN = PretrainPlan(config, SCHEMA, RESULTS, INIT_TOKENIZER)
 # The selection's inputs and flags (finetune.select, finetune.fusion): dprflow.plan.selection.
 SELECT = FT["select"]
 # Each grid's points by folder name (an empty retriever grid is one point, the settings as
-# configured; an empty reranker or negatives grid has none).
+# configured; an empty reranker grid too where the distillation's grid needs a teacher trained on
+# the fit part; an empty negatives or distillation grid has none).
+GRIDS = {s: grid_points(SELECT[s], s) if SELECT[s] else [] for s in SELECT_SECTIONS}
+GRIDS["retriever"] = GRIDS["retriever"] or [{}]
+GRIDS["reranker"] = GRIDS["reranker"] or ([{}] if GRIDS["distill"] else [])
 SELECTION = SelectionPlan(
-    config,
-    RESULTS,
-    {point_name(p): p for p in grid_points(SELECT["retriever"])},
-    ROWS,
-    *(
-        {point_name(p): p for p in grid_points(SELECT[s], s)} if SELECT[s] else {}
-        for s in ("reranker", "negatives")
-    ),
+    config, RESULTS, ROWS, {s: {point_name(p): p for p in GRIDS[s]} for s in GRIDS}
 )
 
 # The fine-tuning pipeline's inputs, flags and resources: dprflow.plan.finetune.

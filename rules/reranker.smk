@@ -110,20 +110,22 @@ rule rerank_transfer:
         " --precision {params.precision:q} --threads {threads:q} > {log:q} 2>&1"
 
 
+# The reranker's labels of training candidates, the distilled retriever's teacher: the row's, or
+# on the fit part (select/rerank) the chosen reranker point's, a distillation grid point's teacher.
 rule score_candidates:
     input:
+        unpack(SELECTION.teacher_inputs),
         code=stage_code("score_candidates"),
-        model=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/rerank/model",
-        negatives=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/r2/negatives.parquet",
-        queries=rules.ingest.output.queries,
         qrels=rules.ingest.output.qrels,
         passages=rules.split_passages.output.passages,
     output:
-        scores=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/rerank/teacher_scores.parquet",
+        scores=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/{{scorer}}/teacher_scores.parquet",
     log:
-        f"{LOGS}/{{collection}}/{{method}}/{SEED_DIR}/score_candidates.log",
+        f"{LOGS}/{{collection}}/{{method}}/{SEED_DIR}/{{scorer}}/score_candidates.log",
     benchmark:
-        f"{BENCHMARKS}/{{collection}}/{{method}}/{SEED_DIR}/score_candidates.tsv"
+        f"{BENCHMARKS}/{{collection}}/{{method}}/{SEED_DIR}/{{scorer}}/score_candidates.tsv"
+    wildcard_constraints:
+        scorer=f"{RERANKER_GRID}|select/{RERANKER_GRID}",
     conda:
         "../envs/training.yaml"
     threads: 2
@@ -131,11 +133,11 @@ rule score_candidates:
         mem_mb=8000,
         runtime=120,
     params:
-        split=COLLECTIONS.train_split,
+        split=fit_or_training_split,
         candidates=FT["distill"]["candidates"],
         max_queries=FT["distill"]["max_queries"] or 0,
         max_length=FT["reranker"]["max_length"],
-        flags=precision_flag(config),
+        flags=FINETUNE.scoring_flags,
     shell:
         "python -m dprflow.stages.score_candidates --model {input.model:q} --negatives {input.negatives:q}"
         " --queries {input.queries:q} --qrels {input.qrels:q} --passages {input.passages:q}"

@@ -146,7 +146,7 @@ rule select_settings:
     benchmark:
         f"{BENCHMARKS}/{{collection}}/{{method}}/{{chooser}}/select_settings.tsv"
     wildcard_constraints:
-        chooser=f"{SEED_PATTERN}/select(/({RERANKER_GRID}|{NEGATIVES_GRID}))?",
+        chooser=f"{SEED_PATTERN}/select(/({RERANKER_GRID}|{NEGATIVES_GRID}|{DISTILL_GRID}))?",
     conda:
         "../envs/evaluation.yaml"
     threads: 1

@@ -23,7 +23,7 @@ def plans(edit=None) -> tuple[ModelPlan, FinetunePlan]:
     references = reference_models(config)
     models = ModelPlan(config, "results", references, config["model"]["init"] == MLM_INIT)
     run_rows = RunRows(config, list(references))
-    selection = SelectionPlan(config, "results", {"configured": {}}, run_rows)
+    selection = SelectionPlan(config, "results", run_rows, {"retriever": {"configured": {}}})
     finetune = FinetunePlan(config, SCHEMA, "results", models, selection, ResourceEstimates(config), run_rows)
     return models, finetune
 

@@ -27,7 +27,11 @@ def plan(
             "stages_of": {},
             "search_depth": 100,
             "mining_depth": 200,
-            "select": {"retriever": {"learning_rate": [2e-5, 5e-5]} if grid else {}, "metric": "nDCG@10"},
+            "select": {
+                "retriever": {"learning_rate": [2e-5, 5e-5]} if grid else {},
+                "reranker": {"epochs": [1, 3]},
+                "metric": "nDCG@10",
+            },
             "fusion": {
                 "method": method,
                 "rows": list(fused),
@@ -39,9 +43,12 @@ def plan(
     }
     rows = RunRows(config, [])
     points = POINTS if grid else {"configured": {}}
-    return SelectionPlan(
-        config, "results", points, rows, RERANKER_POINTS, NEGATIVES_POINTS if negatives else None
-    )
+    grids = {
+        "retriever": points,
+        "reranker": RERANKER_POINTS,
+        "negatives": NEGATIVES_POINTS if negatives else {},
+    }
+    return SelectionPlan(config, "results", rows, grids)
 
 
 RERANKER_POINTS = {"epochs=1": {"epochs": 1}, "epochs=3": {"epochs": 3}}

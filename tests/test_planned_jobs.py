@@ -102,7 +102,8 @@ def test_checkpoint_interval_and_threads_rerun_no_job(finished_tiny_results):
         workdir,
         _variant(workdir, config, "lr", retriever={**config["finetune"]["retriever"], "learning_rate": 3e-5}),
     )
-    # r1, r2, the retriever distilled after r2, and the negatives' grid points (r2 on the fit part)
+    # r1, r2, the retriever distilled after r2, and the negatives' grid points (r2 on the fit
+    # part, whose flags carry the retriever's settings; the distillation's carry its own)
     assert jobs.get("train_retriever") == 3 + 2
 
 
@@ -141,8 +142,9 @@ def test_more_encoding_shards_retrain_no_pretraining_and_no_first_retriever(fini
     # r2 and the distilled retriever, and r1: the grid's choice (selection.json, read by r1) is
     # made again from the grid points' held-out runs over the re-encoded corpus; the retriever
     # points themselves, trained on BM25 negatives, are not, but the negatives' points are (their
-    # pool is mined from a retriever point's search of the fit queries)
-    assert jobs.get("train_retriever", 0) == 3 + 2
+    # pool is mined from a retriever point's search of the fit queries), and so are the
+    # distillation's
+    assert jobs.get("train_retriever", 0) == 3 + 2 + 2
 
 
 @pytest.mark.slow
@@ -164,9 +166,9 @@ def test_editing_a_module_a_stage_imports_reruns_that_stage_and_what_follows(fin
     losses = repo / "src" / "dprflow" / "finetuning" / "losses.py"
     losses.write_text(losses.read_text() + "\n# an edit\n")
     jobs = planned_jobs(workdir, workdir / "base.yaml", *copy)
-    # r1, r2, the distilled retriever, the four grid points and the reranker with its grid's two
+    # r1, r2, the distilled retriever, the six grid points and the reranker with its grid's two
     # all import losses.py
-    assert jobs.get("train_retriever") == 3 + 2 + 2 and jobs.get("train_reranker") == 1 + 2, jobs
+    assert jobs.get("train_retriever") == 3 + 2 + 2 + 2 and jobs.get("train_reranker") == 1 + 2, jobs
     upstream = (
         "ingest",
         "split_passages",

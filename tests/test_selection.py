@@ -476,6 +476,35 @@ def test_a_negatives_grid_trains_r2_on_the_fit_part_from_the_chosen_point_s_pool
     assert "select/r2/selection.json" in commands["compare"][0]
 
 
+def test_a_distillation_grid_distils_on_the_fit_part_from_a_teacher_trained_there(tmp_path):
+    """Each distillation point distils on the fit part from the fit part's pool labelled by a
+    reranker trained on the fit part (the settings as configured: no reranker grid), and the
+    distilled row reads the choice; with a reranker grid the teacher is its chosen point."""
+    overrides = "finetune:\n  stages: [r1, r2, rerank, distill]\n  select:\n    retriever: {}\n"
+    overrides += "    distill: {alpha: [0.2, 1.0]}\nmethods: [none]\n"
+    commands = commands_by_rule(all_methods_plan(tmp_path, overrides))
+    teacher = "results/stdlib/none/seed-13/select/rerank/teacher_scores.parquet"
+    points = [c for c in commands["train_retriever"] if "/select/distill/" in c.split("--out ")[1].split()[0]]
+    assert len(points) == 2
+    for point in points:
+        assert "--split fit" in point and "--role distill" in point and f"--teacher {teacher}" in point
+        assert "--negatives results/stdlib/none/seed-13/select/negatives.parquet" in point
+    assert {c.split("--alpha ")[1].split()[0] for c in points} == {"0.2", "1.0"}
+    (row,) = [c for c in commands["train_retriever"] if "seed-13/distill/model" in c]
+    assert "--selection results/stdlib/none/seed-13/select/distill/selection.json --teacher" in row
+    (fit_teacher,) = [c for c in commands["score_candidates"] if f"--out {teacher}" in c]
+    assert "--model results/stdlib/none/seed-13/select/rerank/configured/model --negatives" in fit_teacher
+    assert "--split fit" in fit_teacher and "--selection" not in fit_teacher
+    (chooser,) = commands["select_settings"]
+    assert "--section distill" in chooser
+    # with a reranker grid: every point's model is given, and the choice names the teacher
+    graded = overrides.replace("    distill:", "    reranker: {epochs: [1, 2]}\n    distill:")
+    scorers = commands_by_rule(all_methods_plan(tmp_path / "graded", graded))["score_candidates"]
+    (fit_teacher,) = [c for c in scorers if f"--out {teacher}" in c]
+    assert fit_teacher.count("/select/rerank/epochs=") == 2
+    assert "--selection results/stdlib/none/seed-13/select/rerank/selection.json" in fit_teacher
+
+
 def test_a_reranker_grid_trains_on_the_fit_part_and_reranks_bm25s_heldout_run(tmp_path):
     """Each point trains on the fit part's BM25 negatives and reranks BM25's held-out run (no model
     that read a held-out query is in its path); the reranker row reads the choice; nothing of it
@@ -516,6 +545,12 @@ def test_a_reranker_grid_trains_on_the_fit_part_and_reranks_bm25s_heldout_run(tm
         ("finetune.select.retriever", {"learning_rate": [0.0]}, "finetune.select.retriever.learning_rate"),
         ("finetune.select.retriever", {"epochs": [1.5]}, "finetune.select.retriever.epochs"),
         ("finetune.select.reranker", {"temperature": [0.05]}, "temperature"),
+        ("finetune.select.distill", {"direction": ["teacher_student"]}, "direction"),
+        (
+            "finetune.select.negatives",
+            {"r2_bm25_fraction": [1.5]},
+            "finetune.select.negatives.r2_bm25_fraction",
+        ),
         ("finetune.select.reranker", {"group_size": [1]}, "finetune.select.reranker.group_size"),
         ("finetune.select.fraction", 1.0, "finetune.select.fraction"),
         ("finetune.select.metric", "nDCG@ten", "finetune.select.metric = 'nDCG@ten'"),

@@ -59,6 +59,13 @@ def test_the_comparison_has_every_row(finished_run):
     assert len(r2_args["selection"]) == 2
     assert f"'r2_bm25_fraction': {negatives['settings']['r2_bm25_fraction']}" in r2_log.read_text()
     assert "| retriever 2's negatives (share from BM25) | " in md
+    # the distillation's grid: the distilled row trained with the winner's alpha
+    distill = json.loads((seed / "select" / "distill" / "selection.json").read_text())["distill"]
+    distill_log = (
+        workdir / "results" / "logs" / "tiny" / "cocondenser" / "seed-13" / "train_retriever_distill.log"
+    )
+    assert f"'alpha': {distill['settings']['alpha']}" in distill_log.read_text()
+    assert "| distillation settings | " in md
     # the reranker's grid: its points reranked BM25's held-out run; the row trained with the winner
     reranker = json.loads((seed / "select" / "rerank" / "selection.json").read_text())["reranker"]
     assert {p["point"] for p in reranker["points"]} == {"learning_rate=2e-05", "learning_rate=0.001"}
@@ -116,17 +123,18 @@ def test_a_second_seed_reruns_the_fine_tuning_pipeline_only(finished_run, tmp_pa
     jobs = planned_jobs(result)
     assert jobs == {
         # r1, r2, distill, and seed 14's own points: two of the retriever's grid, two of the
-        # negatives' (r2 on the fit part)
-        "train_retriever": 3 + 2 + 2,
+        # negatives' (r2 on the fit part), two of the distillation's
+        "train_retriever": 3 + 2 + 2 + 2,
         "mine_negatives": 2 + 1,  # and the fit part's pool, from the chosen point's fit run
         "train_reranker": 1 + 2,  # and the reranker grid's two points of seed 14
         "rerank": 1 + 2,
-        "score_candidates": 1,
-        "encode_corpus": 3 + 2 + 2,  # one shard each
+        "score_candidates": 1 + 1,  # and the fit part's, by the chosen reranker point
+        "encode_corpus": 3 + 2 + 2 + 2,  # one shard each
         "search_dense": 3,
-        "search_heldout": 2 + 2 + 2,  # the retriever points' held-out and fit parts; r2 points'
-        "evaluate_heldout": 2 + 2 + 2,  # BM25's held-out run is scored once, for both seeds
-        "select_settings": 3,
+        # the retriever points' held-out and fit parts; the r2 and distillation points' held-out
+        "search_heldout": 2 + 2 + 2 + 2,
+        "evaluate_heldout": 2 + 2 + 2 + 2,  # BM25's held-out run is scored once, for both seeds
+        "select_settings": 4,
         "select_fusion": 1,  # seed 14's weight (none/zeroshot's is shared)
         "fuse": 1,  # r2+bm25 of seed 14 (none/zeroshot+bm25 is shared)
         "evaluate": 4 + 1,
@@ -173,13 +181,13 @@ def test_changing_bm25_k1_reruns_only_what_depends_on_it(finished_run, tmp_path)
     # pre-training does not read BM25: untouched
     assert "pretrain_generic" not in jobs and "pretrain_corpus" not in jobs
     # r1, r2, distill, the two grid points (on BM25 negatives), the negatives' two (r2 on the fit
-    # part, BM25's pool beside the mined one) and the reranker with the two points of its grid
-    # (also on BM25 negatives)
-    assert jobs["train_retriever"] == 3 + 2 + 2 and jobs["train_reranker"] == 1 + 2
+    # part, BM25's pool beside the mined one), the distillation's two (from a teacher trained on
+    # BM25 negatives) and the reranker with the two points of its grid (also on BM25 negatives)
+    assert jobs["train_retriever"] == 3 + 2 + 2 + 2 and jobs["train_reranker"] == 1 + 2
     # every evaluated row but the off-the-shelf model's (both fused rows read BM25's run)
     assert jobs["evaluate"] == 5 + 2
-    # r1, r2, distill and the four grid points; one shard each; zeroshot untouched
-    assert jobs["encode_corpus"] == 3 + 2 + 2
+    # r1, r2, distill and the six grid points; one shard each; zeroshot untouched
+    assert jobs["encode_corpus"] == 3 + 2 + 2 + 2
 
 
 def test_unknown_config_key_stops_the_dag_and_names_it(tmp_path):

@@ -14,3 +14,12 @@ def reranker_split(wildcards):
         if SELECTION.is_reranker_point(wildcards)
         else COLLECTIONS.train_split(wildcards)
     )
+
+
+def fit_or_training_split(wildcards):
+    """The split a teacher labels: the fit part's on the fit part (select/rerank)."""
+    return (
+        "fit"
+        if wildcards.scorer.startswith("select/")
+        else COLLECTIONS.train_split(wildcards)
+    )

@@ -8,7 +8,9 @@ The selection (``finetune.select``, docs/selection.md) never reads a test query:
 2. every point of a grid over ``finetune.retriever``'s settings (:func:`grid_points`, named by
    :func:`point_name`) trains retriever 1 on the fit part and is scored on the held-out part;
    a grid over ``finetune.reranker``'s trains the reranker on the fit part's BM25 negatives and
-   reranks BM25's held-out run (the one first stage that never read a training query);
+   reranks BM25's held-out run (the one first stage that never read a training query); the
+   negatives' mix's and the distillation's train r2 and the distilled retriever on the fit part
+   from pools (and a teacher) made on the fit part;
 3. :func:`best_point` takes the point with the highest mean of the named metric; the rows then
    train with its settings on every training query (:func:`apply_settings`);
 4. a fused row ``<row>+bm25``'s weight is chosen the same way (:func:`best_point` over the
@@ -44,8 +46,14 @@ GRID_KEYS = (*OPTIM_KEYS, "temperature")
 # The finetune.reranker settings a reranker grid may vary (finetune.select.reranker).
 RERANKER_GRID_KEYS = (*OPTIM_KEYS, "head_learning_rate")
 # The settings each section's grid may vary, by finetune.select's key (and selection.json's);
-# negatives: retriever 2's mix of mined and BM25 negatives (finetune.r2_bm25_fraction).
-SECTION_KEYS = {"retriever": GRID_KEYS, "reranker": RERANKER_GRID_KEYS, "negatives": ("r2_bm25_fraction",)}
+# negatives: retriever 2's mix of mined and BM25 negatives (finetune.r2_bm25_fraction); distill:
+# finetune.distill's.
+SECTION_KEYS = {
+    "retriever": GRID_KEYS,
+    "reranker": RERANKER_GRID_KEYS,
+    "negatives": ("r2_bm25_fraction",),
+    "distill": (*OPTIM_KEYS, "temperature", "alpha"),
+}
 # A config key whose training argument has another name.
 ARGUMENT = {"r2_bm25_fraction": "extra_fraction"}
 # The point of an empty grid: the settings as configured, trained on the fit part.

@@ -119,11 +119,15 @@ class FinetunePlan(UnderResults):
 
     # ---- training a retriever ----------------------------------------------------------------
 
+    def distills(self, wildcards) -> bool:
+        """Whether the retriever trained is a distilled one (the row, or a distillation grid point)."""
+        return wildcards.trained == "distill" or self.selection.is_distill_point(wildcards)
+
     def retriever_section(self, wildcards) -> dict[str, Any]:
         """The config section a trained retriever's settings come from (a grid point's: the
         retriever's with the point's settings over it)."""
-        if wildcards.trained == "distill":
-            return self.finetune["distill"]
+        if self.distills(wildcards):
+            return {**self.finetune["distill"], **self.selection.distill_point_settings(wildcards)}
         if self.selection.is_point(wildcards):
             return {**self.finetune["retriever"], **self.selection.point_settings(wildcards)}
         return self.finetune["retriever"]
@@ -150,6 +154,9 @@ class FinetunePlan(UnderResults):
                 or self.selection.selects_negatives(wildcards.method)
             ):
                 out["extra"] = f"{base}/bm25/negatives.parquet"
+        elif self.selection.is_distill_point(wildcards):
+            out["negatives"] = self.selection.fit_negatives(wildcards)
+            out["teacher"] = self.selection.fit_teacher(wildcards)
         else:
             out["negatives"] = f"{method}/r2/negatives.parquet"
             out["teacher"] = f"{method}/rerank/teacher_scores.parquet"
@@ -167,7 +174,7 @@ class FinetunePlan(UnderResults):
         # a grid point is retriever 1 (2, in the negatives' grid) trained on the fit part
         role = wildcards.trained
         if self.selection.trains_on_fit(wildcards):
-            role = "r1" if self.selection.is_point(wildcards) else "r2"
+            role = wildcards.trained.split("/")[1] if wildcards.trained.count("/") == 2 else "r1"
         ft = self.finetune
         common = (
             f"--method {q(wildcards.method)} --role {q(role)}"
@@ -176,13 +183,12 @@ class FinetunePlan(UnderResults):
             f" --max-query-length {q(ft['max_query_length'])} --max-passage-length {q(ft['max_passage_length'])}"
         )
         section = self.retriever_section(wildcards)
-        if wildcards.trained == "distill":
-            flags = (
+        flags = self.selection.selection_flag(wildcards)
+        if self.distills(wildcards):
+            flags += (
                 f" --teacher {q(inputs['teacher'])} --alpha {q(section['alpha'])}"
                 f" --direction {q(section['direction'])} --student-over {q(section['student_over'])}"
             )
-        else:
-            flags = self.selection.selection_flag(wildcards)
         # null: the similarity's default (1 dot, 0.05 cosine), but Contriever's rows fine-tune at
         # "a temperature of 0.05, also used during pretraining" (Contriever Appendix A)
         temperature = section["temperature"]
@@ -223,6 +229,10 @@ class FinetunePlan(UnderResults):
             + self.selection.reranker_selection_flag(wildcards)
             + f" {training_flags(self.config, self.schema)}"
         )
+
+    def scoring_flags(self, wildcards) -> str:
+        """A teacher's labelling: its precision, and on the fit part the reranker grid's choice."""
+        return precision_flag(self.config) + self.selection.teacher_flags(wildcards)
 
     def train_reranker_mem_mb(self, wildcards) -> int:
         return self.resources.training(self.reranker_section(wildcards), wildcards.collection)[0]

@@ -17,35 +17,33 @@ from dprflow.plan import UnderResults, rows
 from dprflow.plan.run_rows import RunRows
 from dprflow.rule_flags import q
 
-# The folders, in a seed's select/, of the reranker grid's points (select/rerank/<point>) and of
-# the negatives' grid's (retriever 2 trained on the fit part: select/r2/<point>), with their choices.
+# The folders, in a seed's select/, of the reranker grid's points (select/rerank/<point>), the
+# negatives' grid's (retriever 2 trained on the fit part: select/r2/<point>) and the
+# distillation's (select/distill/<point>), with their choices.
 RERANKER_GRID = "rerank"
 NEGATIVES_GRID = "r2"
+DISTILL_GRID = "distill"
 
 
 class SelectionPlan(UnderResults):
-    """``points``: the retriever grid's points by folder name, in grid order (``{}`` is the
-    settings as configured; dprflow.finetuning.selection.grid_points and point_name);
-    ``reranker_points`` and ``negatives_points``: the reranker's and the negatives' mix's grids
-    (none when finetune.select.reranker or .negatives is empty)."""
+    """``grids``: each finetune.select grid's points by folder name, in grid order
+    (dprflow.finetuning.selection.grid_points and point_name): ``retriever`` (an empty grid is one
+    point, ``{}``, the settings as configured), ``reranker`` (the same where only the
+    distillation's grid needs a teacher trained on the fit part, else none when empty),
+    ``negatives`` (retriever 2's mix) and ``distill``; a grid left out has no point."""
 
     def __init__(
-        self,
-        config: dict,
-        results: str,
-        points: dict[str, dict[str, Any]],
-        run_rows: RunRows,
-        reranker_points: dict[str, dict[str, Any]] | None = None,
-        negatives_points: dict[str, dict[str, Any]] | None = None,
+        self, config: dict, results: str, run_rows: RunRows, grids: dict[str, dict[str, dict[str, Any]]]
     ):
         self.finetune = config["finetune"]
         self.select = self.finetune["select"]
         self.fusion = self.finetune["fusion"]
         self.methods = list(config["methods"])
         self.results = results
-        self.points = points
-        self.reranker_points = reranker_points or {}
-        self.negatives_points = negatives_points or {}
+        self.points = grids["retriever"]
+        self.reranker_points = grids.get("reranker", {})
+        self.negatives_points = grids.get("negatives", {})
+        self.distill_points = grids.get("distill", {})
         self.rows = run_rows
         self.heldout_queries = f"{results}/{{collection}}/collection/heldout_queries.parquet"
 
@@ -67,6 +65,8 @@ class SelectionPlan(UnderResults):
             files.append(self.seed_path(wildcards, "select", "selection.json"))
         if wildcards.trained == "r2" and self.selects_negatives(wildcards.method):
             files.append(self.seed_path(wildcards, "select", NEGATIVES_GRID, "selection.json"))
+        if wildcards.trained == "distill" and self.selects_distill(wildcards.method):
+            files.append(self.seed_path(wildcards, "select", DISTILL_GRID, "selection.json"))
         return files
 
     def selection_flag(self, wildcards) -> str:
@@ -85,6 +85,11 @@ class SelectionPlan(UnderResults):
         """Whether the retriever trained is a point of the negatives' grid (``select/r2/<point>``)."""
         return wildcards.trained.startswith(f"select/{NEGATIVES_GRID}/")
 
+    @staticmethod
+    def is_distill_point(wildcards) -> bool:
+        """Whether the retriever trained is a point of the distillation's grid (``select/distill/<point>``)."""
+        return wildcards.trained.startswith(f"select/{DISTILL_GRID}/")
+
     def trains(self, method: str, stage: str) -> bool:
         """Whether ``method`` trains ``stage``, as a row or for a later row (r2 feeds the reranker,
         the reranker the distilled retriever)."""
@@ -94,6 +99,10 @@ class SelectionPlan(UnderResults):
     def selects_negatives(self, method: str) -> bool:
         """Whether ``method``'s retriever 2 draws its negatives' mix as chosen on held-out queries."""
         return bool(self.negatives_points) and self.trains(method, "r2")
+
+    def selects_distill(self, method: str) -> bool:
+        """Whether ``method``'s distilled retriever trains with settings chosen on held-out queries."""
+        return bool(self.distill_points) and "distill" in self.rows.stages(method)
 
     @staticmethod
     def named_point(points: dict[str, dict[str, Any]], name: str, section: str) -> dict[str, Any]:
@@ -114,8 +123,16 @@ class SelectionPlan(UnderResults):
             return {}
         return self.named_point(self.negatives_points, wildcards.trained.rsplit("/", 1)[1], "negatives")
 
+    def distill_point_settings(self, wildcards) -> dict[str, Any]:
+        """The settings a distillation grid point trains with; any other retriever: none."""
+        if not self.is_distill_point(wildcards):
+            return {}
+        return self.named_point(self.distill_points, wildcards.trained.rsplit("/", 1)[1], "distill")
+
     def trains_on_fit(self, wildcards) -> bool:
-        return self.is_point(wildcards) or self.is_negatives_point(wildcards)
+        return (
+            self.is_point(wildcards) or self.is_negatives_point(wildcards) or self.is_distill_point(wildcards)
+        )
 
     def training_queries(self, wildcards) -> str:
         """The queries a retriever trains on: a grid point reads the held-out split's table (its
@@ -160,7 +177,37 @@ class SelectionPlan(UnderResults):
     def selects_reranker(self, method: str) -> bool:
         """Whether ``method``'s reranker trains with settings chosen on held-out queries: a
         reranker grid, and a reranker among the method's stages (distill trains one too)."""
-        return bool(self.reranker_points) and self.trains(method, "rerank")
+        return bool(self.select["reranker"]) and self.trains(method, "rerank")
+
+    def teacher_inputs(self, wildcards) -> dict[str, Any]:
+        """What a reranker labels candidates with (``scorer``): the row's model, retriever 2's
+        pool (K3) of the training queries; on the fit part (``select/rerank``), the chosen
+        reranker point's model (every point's, with the choice), the fit part's pool and queries."""
+        if wildcards.scorer == RERANKER_GRID:
+            return {
+                "model": [self.seed_path(wildcards, RERANKER_GRID, "model")],
+                "negatives": self.seed_path(wildcards, "r2", "negatives.parquet"),
+                "queries": self.path(wildcards.collection, "collection", "queries.parquet"),
+            }
+        out = {
+            "model": [
+                self.seed_path(wildcards, "select", RERANKER_GRID, p, "model") for p in self.reranker_points
+            ],
+            "negatives": self.fit_negatives(wildcards),
+            "queries": self.heldout_queries.format(collection=wildcards.collection),
+        }
+        if self.select["reranker"]:
+            out["selection"] = self.reranker_selection(wildcards)
+        return out
+
+    def teacher_flags(self, wildcards) -> str:
+        """--selection of the fit part's teacher when the reranker's grid chose among several."""
+        files = self.teacher_inputs(wildcards).get("selection")
+        return f" --selection {q(files)}" if files else ""
+
+    def fit_teacher(self, wildcards) -> str:
+        """The fit part's candidates labelled by the chosen reranker point: a distillation point's teacher."""
+        return self.seed_path(wildcards, "select", RERANKER_GRID, "teacher_scores.parquet")
 
     @staticmethod
     def is_reranker_point(wildcards) -> bool:
@@ -228,6 +275,8 @@ class SelectionPlan(UnderResults):
             return "reranker", self.reranker_points
         if wildcards.chooser.endswith(f"/{NEGATIVES_GRID}"):
             return "negatives", self.negatives_points
+        if wildcards.chooser.endswith(f"/{DISTILL_GRID}"):
+            return "distill", self.distill_points
         return "retriever", self.points
 
     def chooser_inputs(self, wildcards) -> dict[str, Any]:
@@ -355,6 +404,8 @@ class SelectionPlan(UnderResults):
                         files.append(self.seed_path(seed, "select", NEGATIVES_GRID, "selection.json"))
                     if self.selects_reranker(m):
                         files.append(self.reranker_selection(seed))
+                    if self.selects_distill(m):
+                        files.append(self.seed_path(seed, "select", DISTILL_GRID, "selection.json"))
             if self.fusion["method"] == "convex":
                 for row in self.rows.fused():
                     method, fused = rows.unfused(row).split("/", 1)

@@ -148,6 +148,7 @@ GRIDS = {
     "retriever": "retriever settings",
     "negatives": "retriever 2's negatives (share from BM25)",
     "reranker": "reranker settings",
+    "distill": "distillation settings",
 }
 
 

@@ -16,6 +16,7 @@ from dprflow.cli import run_stage
 from dprflow.data.ids import id_set, in_set
 from dprflow.data.schemas import iter_table, read_table, write_table
 from dprflow.finetuning.reranking import score_with_reranker
+from dprflow.finetuning.selection import chosen_path
 from dprflow.precision import PRECISIONS
 from dprflow.search.runs import read_positive_passages, run_passages
 
@@ -26,7 +27,9 @@ log = logging.getLogger("dprflow.score_candidates")
 class Args:
     """Teacher scores for distillation."""
 
-    model: str = field(metadata={"help": "reranker folder"})
+    model: list[str] = field(
+        metadata={"help": "reranker folder: one, or each reranker grid point's (--selection says whose)"}
+    )
     negatives: str = field(metadata={"help": "negatives.parquet (retriever 2, top K3)"})
     queries: str = field(metadata={"help": "queries.parquet"})
     qrels: str = field(metadata={"help": "qrels.parquet"})
@@ -47,6 +50,12 @@ class Args:
         },
     )
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: default)"})
+    selection: str | None = field(
+        default=None,
+        metadata={
+            "help": "select_settings' selection.json of the reranker's grid: whose of --model is chosen"
+        },
+    )
 
 
 def score(args: Args) -> None:
@@ -74,8 +83,10 @@ def score(args: Args) -> None:
     positives = positives[positives["query_id"].isin(set(negatives["query_id"]))]
     pairs = pd.concat([positives, negatives[["query_id", "passage_id"]]]).drop_duplicates(ignore_index=True)
     passages = run_passages(args.passages, pairs["passage_id"], ["passage_id", "doc_id", "title", "text"])
+    model = chosen_path(args.model, args.selection, "reranker")
+    log.info("teacher %s", model)
     pairs["score"] = score_with_reranker(
-        args.model, queries, passages, pairs, args.max_length, args.batch_size, args.precision
+        model, queries, passages, pairs, args.max_length, args.batch_size, args.precision
     )
     write_table(pairs, args.out, "scores")
     log.info(

@@ -135,7 +135,7 @@ def step_memory(args: Args, shape: EncoderShape, world: int | None = None) -> St
 
 def train(args: Args) -> None:
     if args.selection:  # settings chosen on held-out training queries (docs/selection.md)
-        chosen = apply_selections(args, args.selection, ("retriever", "negatives"))
+        chosen = apply_selections(args, args.selection, ("retriever", "negatives", "distill"))
         args.check()
         log.info("settings chosen on held-out queries (%s): %s", ", ".join(args.selection), chosen)
     with scratch_dir(args.out) as scratch:  # the passages' texts, read a batch at a time
