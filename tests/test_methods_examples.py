@@ -42,7 +42,7 @@ METHODS = {
     "qac-cocondenser",
     "qac-cotmae",
 }
-EXTRA_METHODS = {"methods-scifact-mlm": {"none-mean"}}
+EXTRA_METHODS = {"methods-scifact-mlm": {"none-mean", "mlm"}}
 R2 = {
     "methods-scifact": {"none", "cocondenser", "cotmae"},
     "methods-scifact-mlm": {"none", "cocondenser", "cotmae"},
@@ -193,5 +193,10 @@ def test_the_mlm_study_scores_every_row_in_its_papers_geometry(plans):
     # every reference of a claim is a row the config trains (docs/methods-study.md)
     rows = {f"{m}/{s}" for m in config["methods"] for s in config["finetune"]["stages_of"].get(m, ["r1"])}
     assert set(config["evaluation"]["also_against"]) <= rows
-    (mlm,) = [x for x in lines if "dprflow.stages.pretrain_mlm" in x]
-    assert flag(mlm, "out") == "results/pretrain/mlm/model"
+    # the MLM base, and method mlm: the base continued on SciFact's documents, in its geometry
+    base, control = sorted(
+        (x for x in lines if "dprflow.stages.pretrain_mlm" in x), key=lambda x: flag(x, "out")
+    )
+    assert flag(base, "out") == "results/pretrain/mlm/model"
+    assert flag(control, "out") == "results/scifact/mlm/pretrain/model"
+    assert flag(control, "init") == "results/pretrain/mlm/model" and "--pooling" not in control
