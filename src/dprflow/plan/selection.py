@@ -57,7 +57,8 @@ class SelectionPlan(UnderResults):
 
     def selection_file(self, wildcards) -> list[str]:
         """The selection.json files a retriever reads, where grids choose: r1, r2 and the
-        negatives' points the retriever grid's; r2 also the negatives' mix's."""
+        negatives' points the retriever grid's; r2 also the negatives' mix's; the distilled row
+        the distillation's."""
         files = []
         if self.selects_settings() and (
             wildcards.trained in ("r1", "r2") or self.is_negatives_point(wildcards)
@@ -70,7 +71,7 @@ class SelectionPlan(UnderResults):
         return files
 
     def selection_flag(self, wildcards) -> str:
-        """--selection of r1 and r2 when grids choose their settings (the paths rebuilt from the
+        """--selection of a retriever whose settings grids chose (the paths rebuilt from the
         wildcards, not read from input: see the note at the top of rules/common.smk)."""
         files = self.selection_file(wildcards)
         return f" --selection {' '.join(q(f) for f in files)}" if files else ""
