@@ -102,9 +102,9 @@ def test_checkpoint_interval_and_threads_rerun_no_job(finished_tiny_results):
         workdir,
         _variant(workdir, config, "lr", retriever={**config["finetune"]["retriever"], "learning_rate": 3e-5}),
     )
-    # r1, r2, the retriever distilled after r2, and the negatives' grid points (r2 on the fit
-    # part, whose flags carry the retriever's settings; the distillation's carry its own)
-    assert jobs.get("train_retriever") == 3 + 2
+    # r1, r2, the retriever distilled after r2, and the negatives' grid point (r2 on the fit part,
+    # whose flags carry the retriever's settings; the distillation's carry its own)
+    assert jobs.get("train_retriever") == 3 + 1
 
 
 def test_stages_choose_each_method_s_fine_tuned_rows(tmp_path):
@@ -118,9 +118,9 @@ def test_stages_choose_each_method_s_fine_tuned_rows(tmp_path):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     jobs = planned_jobs(tmp_path, tmp_path / "c.yaml")
     # the three rows, each method's two grid points (finetune.select in the tiny config), and
-    # none's two negatives' points (r2 on the fit part, from the fit part's pool): cocondenser
-    # trains no r2, so neither
-    assert jobs["train_retriever"] == 3 + 2 * 2 + 2 and jobs["mine_negatives"] == 1 + 1, jobs
+    # none's negatives' point (r2 on the fit part, from the fit part's pool): cocondenser trains
+    # no r2, so neither
+    assert jobs["train_retriever"] == 3 + 2 * 2 + 1 and jobs["mine_negatives"] == 1 + 1, jobs
     assert jobs["nb_recall"] == 1, jobs
     assert "train_reranker" not in jobs and "score_candidates" not in jobs
     assert jobs["export_model"] == 3 and jobs["pretrain_corpus"] == 1
@@ -142,9 +142,9 @@ def test_more_encoding_shards_retrain_no_pretraining_and_no_first_retriever(fini
     # r2 and the distilled retriever, and r1: the grid's choice (selection.json, read by r1) is
     # made again from the grid points' held-out runs over the re-encoded corpus; the retriever
     # points themselves, trained on BM25 negatives, are not, but the negatives' points are (their
-    # pool is mined from a retriever point's search of the fit queries), and so are the
+    # pool is mined from a retriever point's search of the fit queries), and so is the
     # distillation's
-    assert jobs.get("train_retriever", 0) == 3 + 2 + 2
+    assert jobs.get("train_retriever", 0) == 3 + 1 + 1
 
 
 @pytest.mark.slow
@@ -166,9 +166,9 @@ def test_editing_a_module_a_stage_imports_reruns_that_stage_and_what_follows(fin
     losses = repo / "src" / "dprflow" / "finetuning" / "losses.py"
     losses.write_text(losses.read_text() + "\n# an edit\n")
     jobs = planned_jobs(workdir, workdir / "base.yaml", *copy)
-    # r1, r2, the distilled retriever, the six grid points and the reranker with its grid's two
-    # all import losses.py
-    assert jobs.get("train_retriever") == 3 + 2 + 2 + 2 and jobs.get("train_reranker") == 1 + 2, jobs
+    # r1, r2, the distilled retriever, the four grid points and the reranker with its grid's
+    # point all import losses.py
+    assert jobs.get("train_retriever") == 3 + 2 + 1 + 1 and jobs.get("train_reranker") == 1 + 1, jobs
     upstream = (
         "ingest",
         "split_passages",

@@ -51,36 +51,25 @@ def test_the_comparison_has_every_row(finished_run):
     assert f"settings chosen on held-out queries ({seed.relative_to(workdir)}/select/selection.json)" in log
     args = json.loads(log.split("train_retriever arguments: ", 1)[1].splitlines()[0])
     assert args["split"] == "train" and args["selection"]
-    # the negatives' grid: r2 drew BM25's share the held-out queries chose
+    # the later grids (one point each here): r2 drew BM25's share of the negatives' grid, the
+    # distilled row trained with its grid's alpha, from a teacher trained on the fit part
+    logs = workdir / "results" / "logs" / "tiny" / "cocondenser" / "seed-13"
     negatives = json.loads((seed / "select" / "r2" / "selection.json").read_text())["negatives"]
-    assert {p["point"] for p in negatives["points"]} == {"r2_bm25_fraction=0", "r2_bm25_fraction=0.5"}
-    r2_log = workdir / "results" / "logs" / "tiny" / "cocondenser" / "seed-13" / "train_retriever_r2.log"
-    r2_args = json.loads(r2_log.read_text().split("train_retriever arguments: ", 1)[1].splitlines()[0])
-    assert len(r2_args["selection"]) == 2
-    assert f"'r2_bm25_fraction': {negatives['settings']['r2_bm25_fraction']}" in r2_log.read_text()
-    assert "| retriever 2's negatives (share from BM25) | " in md
-    # the distillation's grid: the distilled row trained with the winner's alpha
+    assert negatives["best"] == "r2_bm25_fraction=0.5" and 0 <= negatives["points"][0]["value"] <= 1
+    r2_log = (logs / "train_retriever_r2.log").read_text()
+    assert (
+        len(json.loads(r2_log.split("train_retriever arguments: ", 1)[1].splitlines()[0])["selection"]) == 2
+    )
+    assert "'r2_bm25_fraction': 0.5" in r2_log
     distill = json.loads((seed / "select" / "distill" / "selection.json").read_text())["distill"]
-    distill_log = (
-        workdir / "results" / "logs" / "tiny" / "cocondenser" / "seed-13" / "train_retriever_distill.log"
-    )
-    assert f"'alpha': {distill['settings']['alpha']}" in distill_log.read_text()
-    assert "| distillation settings | " in md
-    # the reranker's grid: its points reranked BM25's held-out run; the row trained with the winner
+    assert distill["settings"] == {"alpha": 0.5}
+    assert "'alpha': 0.5" in (logs / "train_retriever_distill.log").read_text()
+    teacher = (logs / "select" / "rerank" / "score_candidates.log").read_text()
+    assert "teacher results/tiny/cocondenser/seed-13/select/rerank/learning_rate=0.001/model" in teacher
+    # the reranker's grid: its point reranked BM25's held-out run; the row trained with its settings
     reranker = json.loads((seed / "select" / "rerank" / "selection.json").read_text())["reranker"]
-    assert {p["point"] for p in reranker["points"]} == {"learning_rate=2e-05", "learning_rate=0.001"}
-    assert 0 <= reranker["first_stage"] <= 1 and "| reranker settings | " in md
-    log = (
-        seed.parent.parent.parent
-        / "logs"
-        / "tiny"
-        / "cocondenser"
-        / "seed-13"
-        / "rerank"
-        / "train_reranker.log"
-    )
-    assert "settings chosen on held-out queries" in log.read_text()
-    assert f"'learning_rate': {reranker['settings']['learning_rate']}" in log.read_text()
+    assert reranker["best"] == "learning_rate=0.001" and 0 <= reranker["first_stage"] <= 1
+    assert "'learning_rate': 0.001" in (logs / "rerank" / "train_reranker.log").read_text()
     nb = pd.read_parquet(workdir / "results" / "tiny" / "cocondenser" / "seed-13" / "nb_recall.parquet")
     assert nb["k"].tolist() == [10, 50, 100] and nb["value"].is_monotonic_increasing
     # Trained models load as plain Hugging Face checkpoints.
@@ -122,18 +111,18 @@ def test_a_second_seed_reruns_the_fine_tuning_pipeline_only(finished_run, tmp_pa
     result = snakemake(workdir, changed_path, "-n", "-p")
     jobs = planned_jobs(result)
     assert jobs == {
-        # r1, r2, distill, and seed 14's own points: two of the retriever's grid, two of the
-        # negatives' (r2 on the fit part), two of the distillation's
-        "train_retriever": 3 + 2 + 2 + 2,
+        # r1, r2, distill, and seed 14's own points: two of the retriever's grid, one of the
+        # negatives' (r2 on the fit part), one of the distillation's
+        "train_retriever": 3 + 2 + 1 + 1,
         "mine_negatives": 2 + 1,  # and the fit part's pool, from the chosen point's fit run
-        "train_reranker": 1 + 2,  # and the reranker grid's two points of seed 14
-        "rerank": 1 + 2,
+        "train_reranker": 1 + 1,  # and the reranker grid's point of seed 14
+        "rerank": 1 + 1,
         "score_candidates": 1 + 1,  # and the fit part's, by the chosen reranker point
-        "encode_corpus": 3 + 2 + 2 + 2,  # one shard each
+        "encode_corpus": 3 + 2 + 1 + 1,  # one shard each
         "search_dense": 3,
         # the retriever points' held-out and fit parts; the r2 and distillation points' held-out
-        "search_heldout": 2 + 2 + 2 + 2,
-        "evaluate_heldout": 2 + 2 + 2 + 2,  # BM25's held-out run is scored once, for both seeds
+        "search_heldout": 2 + 2 + 1 + 1,
+        "evaluate_heldout": 2 + 1 + 1 + 1,  # BM25's held-out run is scored once, for both seeds
         "select_settings": 4,
         "select_fusion": 1,  # seed 14's weight (none/zeroshot's is shared)
         "fuse": 1,  # r2+bm25 of seed 14 (none/zeroshot+bm25 is shared)
@@ -180,14 +169,14 @@ def test_changing_bm25_k1_reruns_only_what_depends_on_it(finished_run, tmp_path)
     assert jobs["bm25_search"] == 1 and jobs["bm25_negatives"] == 1
     # pre-training does not read BM25: untouched
     assert "pretrain_generic" not in jobs and "pretrain_corpus" not in jobs
-    # r1, r2, distill, the two grid points (on BM25 negatives), the negatives' two (r2 on the fit
-    # part, BM25's pool beside the mined one), the distillation's two (from a teacher trained on
-    # BM25 negatives) and the reranker with the two points of its grid (also on BM25 negatives)
-    assert jobs["train_retriever"] == 3 + 2 + 2 + 2 and jobs["train_reranker"] == 1 + 2
+    # r1, r2, distill, the two grid points (on BM25 negatives), the negatives' point (r2 on the fit
+    # part, BM25's pool beside the mined one), the distillation's (from a teacher trained on BM25
+    # negatives) and the reranker with the point of its grid (also on BM25 negatives)
+    assert jobs["train_retriever"] == 3 + 2 + 1 + 1 and jobs["train_reranker"] == 1 + 1
     # every evaluated row but the off-the-shelf model's (both fused rows read BM25's run)
     assert jobs["evaluate"] == 5 + 2
-    # r1, r2, distill and the six grid points; one shard each; zeroshot untouched
-    assert jobs["encode_corpus"] == 3 + 2 + 2 + 2
+    # r1, r2, distill and the four grid points; one shard each; zeroshot untouched
+    assert jobs["encode_corpus"] == 3 + 2 + 1 + 1
 
 
 def test_unknown_config_key_stops_the_dag_and_names_it(tmp_path):

@@ -47,12 +47,12 @@ def test_transfer_and_references_dag(tmp_path):
     assert {
         k: jobs.get(k) for k in ("train_retriever", "bm25_negatives", "pretrain_corpus", "train_reranker")
     } == {
-        # r1, r2, distill, the retriever's, the negatives' and the distillation's two grid points
-        # each, all on the training collection
-        "train_retriever": 3 + 2 + 2 + 2,
+        # r1, r2, distill, the retriever's two grid points, the negatives' and the distillation's
+        # one each, all on the training collection
+        "train_retriever": 3 + 2 + 1 + 1,
         "bm25_negatives": 1,
         "pretrain_corpus": 1,
-        "train_reranker": 1 + 2,  # and the reranker grid's two points
+        "train_reranker": 1 + 1,  # and the reranker grid's point
     }
     # none/zeroshot and the reference on each collection; r1, r2, distill on the other
     assert jobs["search_eval"] == 2 * 2 + 3 and jobs["search_dense"] == 3 and jobs["rerank_transfer"] == 1
