@@ -15,7 +15,13 @@ POINTS = {"learning_rate=2e-05": {"learning_rate": 2e-5}, "learning_rate=5e-05":
 
 
 def plan(
-    grid=True, method="convex", fused=("zeroshot", "r2"), seeds=(), stages=("r1", "r2"), negatives=False
+    grid=True,
+    method="convex",
+    fused=("zeroshot", "r2"),
+    seeds=(),
+    stages=("r1", "r2"),
+    negatives=False,
+    per_seed=True,
 ) -> SelectionPlan:
     config = {
         "collections": {"docs": {"evaluate_only": False, "evaluate_on": []}},
@@ -31,6 +37,7 @@ def plan(
                 "retriever": {"learning_rate": [2e-5, 5e-5]} if grid else {},
                 "reranker": {"epochs": [1, 3]},
                 "metric": "nDCG@10",
+                "per_seed": per_seed,
             },
             "fusion": {
                 "method": method,
@@ -195,3 +202,25 @@ def test_the_comparison_reads_each_choice_once():
     assert plan(grid=False, fused=["zeroshot"]).selection_files() == [
         "results/docs/none/zeroshot/fusion.json"
     ]
+
+
+def test_with_per_seed_false_every_seed_reads_the_first_seed_s_choices():
+    """finetune.select.per_seed false: seed 14's rows read seed 13's selection.json and fusion.json,
+    and the comparison's held-out section lists each choice once."""
+    p = plan(seeds=(13, 14), per_seed=False, negatives=True, stages=("r1", "r2", "rerank"))
+    r2 = W(collection="docs", method="none", seed="14", trained="r2")
+    assert p.selection_file(r2) == [
+        "results/docs/none/seed-13/select/selection.json",
+        "results/docs/none/seed-13/select/r2/selection.json",
+    ]
+    assert p.reranker_selection(W(collection="docs", method="none", seed="14")) == (
+        "results/docs/none/seed-13/select/rerank/selection.json"
+    )
+    fused = W(collection="docs", method="none", fused="seed-14/r2")
+    assert p.fusion_file(fused) == "results/docs/none/seed-13/select/fusion.json"
+    files = p.selection_files()
+    assert files and not [f for f in files if "seed-14" in f]
+    # per seed (the default): each seed its own
+    own = plan(seeds=(13, 14), negatives=True)
+    assert own.selection_file(r2)[0] == "results/docs/none/seed-14/select/selection.json"
+    assert own.fusion_file(fused) == "results/docs/none/seed-14/select/fusion.json"

@@ -534,6 +534,23 @@ def test_a_reranker_grid_trains_on_the_fit_part_and_reranks_bm25s_heldout_run(tm
     assert "train_reranker" not in quiet and "select_settings" not in quiet
 
 
+def test_one_choice_serves_every_seed_when_per_seed_is_false(tmp_path):
+    """seeds [13, 14] with finetune.select.per_seed false: the grid trains under seed 13 only, and
+    seed 14's r1 and r2 read seed 13's choice (issue 54: the grids' cost paid once)."""
+    overrides = SELECTION.replace("methods: [none]", "methods: [none]\nseeds: [13, 14]")
+    shared = overrides.replace("  fusion:", "    per_seed: false\n  fusion:")
+    train = commands_by_rule(all_methods_plan(tmp_path, shared))["train_retriever"]
+    points = [c for c in train if "/select/" in c.split("--out ")[1].split()[0]]
+    assert len(points) == 2 and all("/seed-13/select/" in c for c in points)
+    rows = [c for c in train if c not in points]
+    assert len(rows) == 4 and all(
+        "--selection results/stdlib/none/seed-13/select/selection.json" in c for c in rows
+    )
+    # each seed its own (the default): four points
+    own = commands_by_rule(all_methods_plan(tmp_path / "own", overrides))["train_retriever"]
+    assert len([c for c in own if "/select/" in c.split("--out ")[1].split()[0]]) == 4
+
+
 # ---- the config check ----------------------------------------------------------------------------
 
 

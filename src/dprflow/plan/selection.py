@@ -55,6 +55,16 @@ class SelectionPlan(UnderResults):
         """A path in the folder of the job's method and seed."""
         return self.path(wildcards.collection, wildcards.method, rows.seed_folder(wildcards.seed), *parts)
 
+    def choosing_seed(self, seed: int | str) -> int | str:
+        """The seed whose grids choose a seed's settings: its own, or with
+        finetune.select.per_seed false the run's first (every seed then trains with one choice)."""
+        return seed if self.select["per_seed"] else self.rows.seeds()[0]
+
+    def chosen_file(self, wildcards, *parts: str) -> str:
+        """A choice a row of the job's seed reads, in its choosing seed's select/ folder."""
+        seed = rows.seed_folder(self.choosing_seed(wildcards.seed))
+        return self.path(wildcards.collection, wildcards.method, seed, "select", *parts)
+
     def selection_file(self, wildcards) -> list[str]:
         """The selection.json files a retriever reads, where grids choose: r1, r2 and the
         negatives' points the retriever grid's; r2 also the negatives' mix's; the distilled row
@@ -63,11 +73,11 @@ class SelectionPlan(UnderResults):
         if self.selects_settings() and (
             wildcards.trained in ("r1", "r2") or self.is_negatives_point(wildcards)
         ):
-            files.append(self.seed_path(wildcards, "select", "selection.json"))
+            files.append(self.chosen_file(wildcards, "selection.json"))
         if wildcards.trained == "r2" and self.selects_negatives(wildcards.method):
-            files.append(self.seed_path(wildcards, "select", NEGATIVES_GRID, "selection.json"))
+            files.append(self.chosen_file(wildcards, NEGATIVES_GRID, "selection.json"))
         if wildcards.trained == "distill" and self.selects_distill(wildcards.method):
-            files.append(self.seed_path(wildcards, "select", DISTILL_GRID, "selection.json"))
+            files.append(self.chosen_file(wildcards, DISTILL_GRID, "selection.json"))
         return files
 
     def selection_flag(self, wildcards) -> str:
@@ -222,7 +232,7 @@ class SelectionPlan(UnderResults):
         return self.named_point(self.reranker_points, wildcards.reranker.rsplit("/", 1)[1], "reranker")
 
     def reranker_selection(self, wildcards) -> str:
-        return self.seed_path(wildcards, "select", RERANKER_GRID, "selection.json")
+        return self.chosen_file(wildcards, RERANKER_GRID, "selection.json")
 
     def reranker_training(self, wildcards) -> dict[str, str]:
         """What a reranker trains on. A grid point: the fit part of the training queries (the
@@ -356,8 +366,8 @@ class SelectionPlan(UnderResults):
         base = self.path(wildcards.collection, wildcards.method)
         if wildcards.fused == rows.ZEROSHOT:
             return f"{base}/{rows.ZEROSHOT}/fusion.json"
-        seed = wildcards.fused.split("/")[0]
-        return f"{base}/{seed}/select/fusion.json"
+        seed = wildcards.fused.split("/")[0].removeprefix(rows.SEED_PREFIX)
+        return f"{base}/{rows.seed_folder(self.choosing_seed(seed))}/select/fusion.json"
 
     def fused_inputs(self, wildcards) -> dict[str, str]:
         """The dense run, BM25's run of the same queries and, for the convex combination, the
@@ -394,7 +404,7 @@ class SelectionPlan(UnderResults):
         for c in self.rows.training_collections():
             if self.selects_settings():
                 files += [
-                    self.path(c, m, rows.seed_folder(s), "select", "selection.json")
+                    self.chosen_file(SimpleNamespace(collection=c, method=m, seed=s), "selection.json")
                     for m in self.methods
                     for s in self.rows.seeds()
                 ]
@@ -402,11 +412,11 @@ class SelectionPlan(UnderResults):
                 for s in self.rows.seeds():
                     seed = SimpleNamespace(collection=c, method=m, seed=s)
                     if self.selects_negatives(m):
-                        files.append(self.seed_path(seed, "select", NEGATIVES_GRID, "selection.json"))
+                        files.append(self.chosen_file(seed, NEGATIVES_GRID, "selection.json"))
                     if self.selects_reranker(m):
                         files.append(self.reranker_selection(seed))
                     if self.selects_distill(m):
-                        files.append(self.seed_path(seed, "select", DISTILL_GRID, "selection.json"))
+                        files.append(self.chosen_file(seed, DISTILL_GRID, "selection.json"))
             if self.fusion["method"] == "convex":
                 for row in self.rows.fused():
                     method, fused = rows.unfused(row).split("/", 1)
