@@ -4,7 +4,7 @@
 # family's inputs and flags, REPORT what the comparison and the report read, RESOURCES what jobs
 # ask a cluster for), whose methods the rules name as input, params and resources functions; ruff
 # and the unit tests read them there. Two helpers bound to Snakemake or to two plan objects stay
-# in rules/functions/ (embeddings_output's temp(), training_split); no file mixes rules and
+# in rules/functions/ (embeddings_output's temp(), fit_or_training_split); no file mixes rules and
 # functions (snakemake --lint). No rule lives here.
 #
 # The flags of a rule's params are functions of the wildcards only, never of `input`: Snakemake

@@ -35,7 +35,7 @@ rule train_reranker:
         fingerprint=MODELS.reranker_init_fingerprint,
         launch=training_launcher,
         init=MODELS.reranker_init(),
-        split=reranker_split,
+        split=fit_or_training_split,
         flags=FINETUNE.reranker_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/{{reranker}}/checkpoints",
     shell:

@@ -38,7 +38,7 @@ rule train_retriever:
         fingerprint=MODELS.init_fingerprint,
         launch=training_launcher,
         init=MODELS.method_init,
-        split=training_split,
+        split=fit_or_training_split,
         flags=FINETUNE.retriever_flags,
         checkpoints=f"{RESULTS}/{{collection}}/{{method}}/{SEED_DIR}/{{trained}}/checkpoints",
     shell:

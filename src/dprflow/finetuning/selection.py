@@ -125,18 +125,25 @@ def best_point(values: Mapping[Any, float]) -> Any:
 def apply_settings(args: Any, selection_path: str | Path, section: str = "retriever") -> dict[str, Any]:
     """Set on ``args`` the settings the selection file chose for ``section``; returns them."""
     with open(selection_path) as fh:
-        chosen = json.load(fh)[section]["settings"]
+        return _set_chosen(args, json.load(fh), section, selection_path)
+
+
+def _set_chosen(args: Any, choices: Mapping[str, Any], section: str, path: str | Path) -> dict[str, Any]:
+    """Set on ``args`` the settings ``choices`` (a selection.json, read from ``path``) holds for
+    ``section``, each under its training argument's name (:data:`ARGUMENT`)."""
+    chosen = choices[section]["settings"]
     for key, value in chosen.items():
         name = ARGUMENT.get(key, key)
         if key not in SECTION_KEYS[section] or not hasattr(args, name):
-            raise StageError(f"{selection_path}: {section}.settings.{key} is not a setting of this stage")
+            raise StageError(f"{path}: {section}.settings.{key} is not a setting of this stage")
         setattr(args, name, value)
     return chosen
 
 
 def apply_selections(args: Any, paths: Sequence[str], sections: Sequence[str]) -> dict[str, Any]:
-    """:func:`apply_settings` for every file of ``paths`` and every one of ``sections`` it holds
-    (r2 reads the retriever's choice and the negatives' mix); a file holding none is an error."""
+    """:func:`apply_settings` for every file of ``paths`` (each read once) and every one of
+    ``sections`` it holds (r2 reads the retriever's choice and the negatives' mix); a file holding
+    none is an error."""
     chosen: dict[str, Any] = {}
     for path in paths:
         with open(path) as fh:
@@ -145,7 +152,7 @@ def apply_selections(args: Any, paths: Sequence[str], sections: Sequence[str]) -
         if not held:
             raise StageError(f"{path}: no choice of {' or '.join(sections)}")
         for section in held:
-            chosen.update(apply_settings(args, path, section))
+            chosen.update(_set_chosen(args, choices, section, path))
     return chosen
 
 

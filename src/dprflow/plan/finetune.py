@@ -119,14 +119,21 @@ class FinetunePlan(UnderResults):
 
     # ---- training a retriever ----------------------------------------------------------------
 
-    def distills(self, wildcards) -> bool:
-        """Whether the retriever trained is a distilled one (the row, or a distillation grid point)."""
-        return wildcards.trained == "distill" or self.selection.is_distill_point(wildcards)
+    def role(self, wildcards) -> str:
+        """The stage a trained retriever is: its own (r1, r2, distill), or for a grid point the
+        stage its grid chooses for (the retriever's r1, the negatives' r2, the distillation's)."""
+        if self.selection.is_point(wildcards):
+            return "r1"
+        if self.selection.is_negatives_point(wildcards):
+            return "r2"
+        if self.selection.is_distill_point(wildcards):
+            return "distill"
+        return wildcards.trained
 
     def retriever_section(self, wildcards) -> dict[str, Any]:
         """The config section a trained retriever's settings come from (a grid point's: the
         retriever's with the point's settings over it)."""
-        if self.distills(wildcards):
+        if self.role(wildcards) == "distill":
             return {**self.finetune["distill"], **self.selection.distill_point_settings(wildcards)}
         if self.selection.is_point(wildcards):
             return {**self.finetune["retriever"], **self.selection.point_settings(wildcards)}
@@ -140,21 +147,21 @@ class FinetunePlan(UnderResults):
         encoder = self.models.pretrained_encoder(wildcards) or self.models.model_init_input()
         if encoder:
             out["encoder"] = encoder[0]
-        if wildcards.trained == "r1" or self.selection.is_point(wildcards):
+        role, on_fit = self.role(wildcards), self.selection.trains_on_fit(wildcards)
+        if role == "r1":
             out["negatives"] = f"{base}/bm25/negatives.parquet"
-        elif wildcards.trained == "r2" or self.selection.is_negatives_point(wildcards):
-            point = self.selection.is_negatives_point(wildcards)
+        elif role == "r2":
             out["negatives"] = (
-                self.selection.fit_negatives(wildcards) if point else f"{method}/r1/negatives.parquet"
+                self.selection.fit_negatives(wildcards) if on_fit else f"{method}/r1/negatives.parquet"
             )
             # BM25's pool beside the mined one: drawn from at the configured or chosen share
             if (
                 self.extra_fraction(wildcards) > 0
-                or point
+                or on_fit
                 or self.selection.selects_negatives(wildcards.method)
             ):
                 out["extra"] = f"{base}/bm25/negatives.parquet"
-        elif self.selection.is_distill_point(wildcards):
+        elif on_fit:  # a distillation point: the fit part's pool and teacher
             out["negatives"] = self.selection.fit_negatives(wildcards)
             out["teacher"] = self.selection.fit_teacher(wildcards)
         else:
@@ -171,10 +178,7 @@ class FinetunePlan(UnderResults):
     def retriever_flags(self, wildcards) -> str:
         """Hyper-parameters of one trained retriever (distillation has its own section)."""
         inputs = self.retriever_inputs(wildcards)
-        # a grid point is retriever 1 (2, in the negatives' grid) trained on the fit part
-        role = wildcards.trained
-        if self.selection.trains_on_fit(wildcards):
-            role = wildcards.trained.split("/")[1] if wildcards.trained.count("/") == 2 else "r1"
+        role = self.role(wildcards)
         ft = self.finetune
         common = (
             f"--method {q(wildcards.method)} --role {q(role)}"
@@ -184,7 +188,7 @@ class FinetunePlan(UnderResults):
         )
         section = self.retriever_section(wildcards)
         flags = self.selection.selection_flag(wildcards)
-        if self.distills(wildcards):
+        if role == "distill":
             flags += (
                 f" --teacher {q(inputs['teacher'])} --alpha {q(section['alpha'])}"
                 f" --direction {q(section['direction'])} --student-over {q(section['student_over'])}"

@@ -25,6 +25,12 @@ NEGATIVES_GRID = "r2"
 DISTILL_GRID = "distill"
 
 
+def selection_flags(files: list[str]) -> str:
+    """``--selection`` naming ``files`` (the paths rebuilt from the wildcards, not read from input:
+    see the note at the top of rules/common.smk), or nothing when no grid chose."""
+    return f" --selection {' '.join(q(f) for f in files)}" if files else ""
+
+
 class SelectionPlan(UnderResults):
     """``grids``: each finetune.select grid's points by folder name, in grid order
     (dprflow.finetuning.selection.grid_points and point_name): ``retriever`` (an empty grid is one
@@ -81,10 +87,14 @@ class SelectionPlan(UnderResults):
         return files
 
     def selection_flag(self, wildcards) -> str:
-        """--selection of a retriever whose settings grids chose (the paths rebuilt from the
-        wildcards, not read from input: see the note at the top of rules/common.smk)."""
-        files = self.selection_file(wildcards)
-        return f" --selection {' '.join(q(f) for f in files)}" if files else ""
+        """--selection of a retriever whose settings grids chose."""
+        return selection_flags(self.selection_file(wildcards))
+
+    @staticmethod
+    def on_fit(folder: str) -> bool:
+        """Whether a job's folder in its seed's (``trained``, ``reranker``, ``scorer``) is the
+        selection's, under ``select/``: it trains or labels on the fit part."""
+        return folder.startswith("select/")
 
     @staticmethod
     def is_point(wildcards) -> bool:
@@ -104,7 +114,9 @@ class SelectionPlan(UnderResults):
     def trains(self, method: str, stage: str) -> bool:
         """Whether ``method`` trains ``stage``, as a row or for a later row (r2 feeds the reranker,
         the reranker the distilled retriever)."""
-        later = {"r2": ("r2", "rerank", "distill"), "rerank": ("rerank", "distill")}[stage]
+        later = {"r2": ("r2", "rerank", "distill"), "rerank": ("rerank", "distill"), "distill": ("distill",)}[
+            stage
+        ]
         return any(s in later for s in self.rows.stages(method))
 
     def selects_negatives(self, method: str) -> bool:
@@ -113,7 +125,7 @@ class SelectionPlan(UnderResults):
 
     def selects_distill(self, method: str) -> bool:
         """Whether ``method``'s distilled retriever trains with settings chosen on held-out queries."""
-        return bool(self.distill_points) and "distill" in self.rows.stages(method)
+        return bool(self.distill_points) and self.trains(method, "distill")
 
     @staticmethod
     def named_point(points: dict[str, dict[str, Any]], name: str, section: str) -> dict[str, Any]:
@@ -141,9 +153,8 @@ class SelectionPlan(UnderResults):
         return self.named_point(self.distill_points, wildcards.trained.rsplit("/", 1)[1], "distill")
 
     def trains_on_fit(self, wildcards) -> bool:
-        return (
-            self.is_point(wildcards) or self.is_negatives_point(wildcards) or self.is_distill_point(wildcards)
-        )
+        """Whether the retriever trained is a point of any grid (retriever, negatives, distillation)."""
+        return self.on_fit(wildcards.trained)
 
     def training_queries(self, wildcards) -> str:
         """The queries a retriever trains on: a grid point reads the held-out split's table (its
@@ -179,9 +190,8 @@ class SelectionPlan(UnderResults):
         return []
 
     def mining_flags(self, wildcards) -> str:
-        """--selection of the fit part's pool (the path rebuilt, not read from input)."""
-        files = self.mining_selection(wildcards)
-        return f" --selection {q(files[0])}" if files else ""
+        """--selection of the fit part's pool."""
+        return selection_flags(self.mining_selection(wildcards))
 
     # ---- the reranker's grid (select/rerank/<point>) -----------------------------------------
 
@@ -213,8 +223,7 @@ class SelectionPlan(UnderResults):
 
     def teacher_flags(self, wildcards) -> str:
         """--selection of the fit part's teacher when the reranker's grid chose among several."""
-        files = self.teacher_inputs(wildcards).get("selection")
-        return f" --selection {q(files)}" if files else ""
+        return selection_flags(list(filter(None, [self.teacher_inputs(wildcards).get("selection")])))
 
     def fit_teacher(self, wildcards) -> str:
         """The fit part's candidates labelled by the chosen reranker point: a distillation point's teacher."""
@@ -245,20 +254,17 @@ class SelectionPlan(UnderResults):
                 "queries": self.heldout_queries.format(collection=c),
                 "negatives": self.path(c, rows.BM25, "negatives.parquet"),
             }
-        seed = self.path(c, wildcards.method, rows.seed_folder(wildcards.seed))
         out = {
             "queries": self.path(c, "collection", "queries.parquet"),
-            "negatives": f"{seed}/r2/negatives.parquet",
+            "negatives": self.seed_path(wildcards, "r2", "negatives.parquet"),
         }
         if self.selects_reranker(wildcards.method):
             out["selection"] = self.reranker_selection(wildcards)
         return out
 
     def reranker_selection_flag(self, wildcards) -> str:
-        """--selection of the reranker row when a grid chooses its settings (the path rebuilt)."""
-        if self.is_reranker_point(wildcards) or not self.selects_reranker(wildcards.method):
-            return ""
-        return f" --selection {q(self.reranker_selection(wildcards))}"
+        """--selection of the reranker row when a grid chooses its settings."""
+        return selection_flags(list(filter(None, [self.reranker_training(wildcards).get("selection")])))
 
     def reranked_inputs(self, wildcards) -> dict[str, str]:
         """What a reranking reads: a grid point's model reranks BM25's run of the held-out queries;
@@ -279,6 +285,10 @@ class SelectionPlan(UnderResults):
 
     # ---- choosing -----------------------------------------------------------------------------
 
+    def bm25_heldout_metrics(self, collection: str) -> str:
+        """BM25's scores of the held-out queries: what the reranker's points reranked, alone."""
+        return self.path(collection, rows.BM25, "heldout", "metrics.parquet")
+
     def grid_of(self, wildcards) -> tuple[str, dict[str, dict[str, Any]]]:
         """The section and the points a chooser (``seed-<seed>/select``, or its ``/rerank``)
         chooses among."""
@@ -298,7 +308,7 @@ class SelectionPlan(UnderResults):
         runs = [self.path(c, m, wildcards.chooser, p, "heldout") for p in points]
         out = {"metrics": [f"{r}/metrics.parquet" for r in runs]}
         if section == "reranker":
-            out["first_stage"] = self.path(c, rows.BM25, "heldout", "metrics.parquet")
+            out["first_stage"] = self.bm25_heldout_metrics(c)
         return out
 
     def chooser_flags(self, wildcards) -> str:
@@ -306,8 +316,7 @@ class SelectionPlan(UnderResults):
         section, points = self.grid_of(wildcards)
         flags = f"--grid {q(json.dumps(list(points.values())))} --metric {q(self.select['metric'])}"
         if section == "reranker":
-            first = self.path(wildcards.collection, rows.BM25, "heldout", "metrics.parquet")
-            flags += f" --section reranker --first-stage {q(first)}"
+            flags += f" --section reranker --first-stage {q(self.bm25_heldout_metrics(wildcards.collection))}"
         elif section != "retriever":
             flags += f" --section {q(section)}"
         return flags
