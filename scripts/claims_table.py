@@ -3,9 +3,11 @@
 Each claim the papers make is a list of comparisons, each a row, the reference row it is compared
 with (a column pair ``delta_<ref>``, ``p_<ref>`` of compare.csv: the reference is in the config's
 ``evaluation.baseline``, ``none/zeroshot`` or ``evaluation.also_against``), and a metric. For every
-comparison and collection the table gives both values, the difference and the Holm-corrected
-p-value the compare stage computed (paired over the test queries, corrected over the rows of the
-same collection, metric and reference), and a verdict at the 0.05 level, fixed before the run:
+comparison and collection the table gives both values (with several seeds, their mean ± sample
+standard deviation), the difference and the Holm-corrected p-value the compare stage computed
+(paired over the test queries; with several seeds, the test over queries and seeds of
+dprflow.evaluation.crossed; corrected over the rows of the same collection, metric and
+reference), and a verdict at the 0.05 level, fixed before the run:
 
 - a claim that the row is above the reference: **holds** when the row is significantly above,
   **opposite** when significantly below, **not shown** otherwise;
@@ -131,17 +133,24 @@ def value(table: pd.DataFrame, collection: str, system: str, metric: str) -> pd.
     return rows.iloc[0]
 
 
-def comparison(
-    table: pd.DataFrame, collection: str, c: Comparison
-) -> tuple[float, float, float, float, float]:
-    """(row's value, reference's value, difference, Holm-corrected p, detectable difference) on
-    ``collection``; the detectable difference is NaN in a compare.csv written before it was."""
+def shown(row: pd.Series) -> str:
+    """A row's value; with several seeds, their mean ± sample standard deviation (n seeds)."""
+    n = int(row["n_seeds"]) if "n_seeds" in row and not pd.isna(row["n_seeds"]) else 1
+    if n < 2:
+        return f"{float(row['value']):.4f}"
+    return f"{float(row['value']):.4f} ± {float(row['std']):.4f} ({n} seeds)"
+
+
+def comparison(table: pd.DataFrame, collection: str, c: Comparison) -> tuple[str, str, float, float, float]:
+    """(row's value, reference's value, as :func:`shown`; difference, Holm-corrected p, detectable
+    difference) on ``collection``; the detectable difference is NaN in a compare.csv written before
+    it was."""
     key = c.reference.replace("/", "_")
     if f"p_{key}" not in table:
         raise KeyError(f"compare.csv has no p_{key}: add {c.reference} to evaluation.also_against")
     row, ref = value(table, collection, c.row, c.metric), value(table, collection, c.reference, c.metric)
     mdd = float(row[f"mdd_{key}"]) if f"mdd_{key}" in row else float("nan")
-    return float(row["value"]), float(ref["value"]), float(row[f"delta_{key}"]), float(row[f"p_{key}"]), mdd
+    return shown(row), shown(ref), float(row[f"delta_{key}"]), float(row[f"p_{key}"]), mdd
 
 
 def claims_table(
@@ -165,7 +174,7 @@ def claims_table(
         for i, c in enumerate(claim.comparisons):
             a, b, delta, p, mdd = comparison(table, main, c)
             cells = [claim.text if i == 0 else "", claim.paper if i == 0 else ""]
-            cells += [f"`{c.row}` against `{c.reference}` ({c.metric})", f"{a:.4f}", f"{b:.4f}"]
+            cells += [f"`{c.row}` against `{c.reference}` ({c.metric})", a, b]
             cells += [f"{delta:+.4f}", f"{p:.3g}", f"**{verdict(delta, p, c.kind)}**"]
             cells.append("–" if math.isnan(mdd) else f"{mdd:.4f}")
             for other in collections:

@@ -80,3 +80,22 @@ def test_a_reference_missing_from_the_table_is_named(tmp_path):
     assert claims_table.main([str(tmp_path / "compare.csv")]) == 1
     with pytest.raises(KeyError, match="p_none_r1: add none/r1 to evaluation.also_against"):
         claims_table.claims_table(table)
+
+
+def test_a_row_with_seeds_shows_its_mean_and_spread(tmp_path):
+    """Rows fine-tuned with three seeds (seeds_of) show mean ± sample standard deviation and their
+    count; a row with one seed shows its value alone."""
+    tables = per_query({"bm25": 0.0, "condenser/seed-13/r1": 0.05})
+    for seed, shift in ((13, 0.0), (14, 0.02), (15, 0.04)):
+        for system, offset in (("mlm", 0.0), ("cocondenser", 0.1)):
+            seeded = per_query({f"{system}/seed-{seed}/r1": offset + shift}, seed=seed)
+            tables.update(seeded)
+    table = build_comparison(tables, ["bm25", "mlm/r1", "condenser/r1"])
+    a, b, delta, p, _ = claims_table.comparison(
+        table, "scifact", claims_table.Comparison("cocondenser/r1", "mlm/r1")
+    )
+    assert a.endswith("(3 seeds)") and " ± " in b and delta == pytest.approx(0.1, abs=0.01)
+    a, b, *_ = claims_table.comparison(
+        table, "scifact", claims_table.Comparison("cocondenser/r1", "condenser/r1")
+    )
+    assert " ± " in a and " ± " not in b and float(b) > 0

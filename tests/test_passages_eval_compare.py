@@ -295,7 +295,7 @@ def test_seeds_are_gathered_into_mean_and_std_against_a_hand_computation():
     md = to_markdown(table.reset_index(), ["bm25"], ["none"], ["RR@10"])
     assert "| none/r2 | 0.6250 ± 0.0354 |" in md
     assert "| none/r1 | 0.4500 |" in md
-    assert "over seeds 1, 2" in md
+    assert "over each row's seeds (of 1, 2;" in md
 
 
 def test_seeded_rows_pair_only_the_seeds_they_share():

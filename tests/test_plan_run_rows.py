@@ -68,6 +68,18 @@ def test_seeds_repeat_the_fine_tuning_and_fold_away_in_the_comparison():
     assert plan.comparison() == ["bm25", "none/zeroshot", "ref-bge/zeroshot", "none/r1", "none/r2"]
 
 
+def test_seeds_of_gives_a_method_its_own_seeds():
+    """seeds_of: the methods it names run their seeds, the others the run's (here finetune.seed)."""
+    plan = RunRows(
+        config(methods=["none", "condenser"], stages=["r1"], fusion_rows=["r1"], seeds_of={"none": [13, 14]}),
+        [],
+    )
+    assert plan.seeds("none") == [13, 14] and plan.seeds("condenser") == [13] and plan.seeds() == [13]
+    assert plan.trained() == ["none/seed-13/r1", "none/seed-14/r1", "condenser/seed-13/r1"]
+    assert plan.fused() == ["none/seed-13/r1+bm25", "none/seed-14/r1+bm25", "condenser/seed-13/r1+bm25"]
+    assert plan.comparison()[-4:] == ["none/r1", "condenser/r1", "none/r1+bm25", "condenser/r1+bm25"]
+
+
 def test_transfer_scores_the_trained_rows_on_the_targets_in_the_training_collection_s_folder():
     collections = {
         "a": {"evaluate_only": False, "evaluate_on": ["b", "a"]},

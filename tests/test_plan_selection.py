@@ -22,11 +22,15 @@ def plan(
     stages=("r1", "r2"),
     negatives=False,
     per_seed=True,
+    methods=("none",),
+    by=None,
+    seeds_of=None,
 ) -> SelectionPlan:
     config = {
         "collections": {"docs": {"evaluate_only": False, "evaluate_on": []}},
-        "methods": ["none"],
+        "methods": list(methods),
         "seeds": list(seeds),
+        "seeds_of": seeds_of or {},
         "finetune": {
             "seed": 13,
             "stages": list(stages),
@@ -38,6 +42,7 @@ def plan(
                 "reranker": {"epochs": [1, 3]},
                 "metric": "nDCG@10",
                 "per_seed": per_seed,
+                "by": by,
             },
             "fusion": {
                 "method": method,
@@ -224,3 +229,31 @@ def test_with_per_seed_false_every_seed_reads_the_first_seed_s_choices():
     own = plan(seeds=(13, 14), negatives=True)
     assert own.selection_file(r2)[0] == "results/docs/none/seed-14/select/selection.json"
     assert own.fusion_file(fused) == "results/docs/none/seed-14/select/fusion.json"
+
+
+def test_with_select_by_every_method_reads_that_method_s_choices():
+    """finetune.select.by none: cocondenser's rows read none's selection.json and its trained rows'
+    fusion.json (its zeroshot row's fusion weight stays its own); with per_seed false, seed 15 of a
+    method seeds_of gives three seeds reads none's first seed's; per seed, its own seed's of none."""
+    p = plan(
+        methods=("none", "cocondenser"),
+        by="none",
+        per_seed=False,
+        seeds_of={"none": [13, 14, 15], "cocondenser": [13, 14, 15]},
+    )
+    r1 = W(collection="docs", method="cocondenser", seed="15", trained="r1")
+    assert p.selection_file(r1) == ["results/docs/none/seed-13/select/selection.json"]
+    fused = W(collection="docs", method="cocondenser", fused="seed-15/r1")
+    assert p.fusion_file(fused) == "results/docs/none/seed-13/select/fusion.json"
+    zeroshot = W(collection="docs", method="cocondenser", fused="zeroshot")
+    assert p.fusion_file(zeroshot) == "results/docs/cocondenser/zeroshot/fusion.json"
+    assert [f for f in p.selection_files() if f.endswith("selection.json")] == [
+        "results/docs/none/seed-13/select/selection.json"
+    ]
+    own = plan(methods=("none", "cocondenser"), by="none", seeds=(13, 14))
+    r1 = W(collection="docs", method="cocondenser", seed="14", trained="r1")
+    assert own.selection_file(r1) == ["results/docs/none/seed-14/select/selection.json"]
+    # without by: each method its own
+    assert plan(methods=("none", "cocondenser")).selection_file(r1)[0] == (
+        "results/docs/cocondenser/seed-14/select/selection.json"
+    )

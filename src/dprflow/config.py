@@ -673,11 +673,16 @@ def _check_passage_length(config: dict) -> list[str]:
 
 
 def _check_stages(config: dict) -> list[str]:
-    """finetune.stages_of names methods of the config."""
+    """finetune.stages_of, seeds_of and finetune.select.by name methods of the config."""
     methods = config["methods"]
+    named = [(f"finetune.stages_of.{m}", m) for m in config["finetune"]["stages_of"]]
+    named += [(f"seeds_of.{m}", m) for m in config["seeds_of"]]
+    by = config["finetune"]["select"]["by"]
+    if by is not None:
+        named.append(("finetune.select.by", by))
     return [
-        f"finetune.stages_of.{method}: {method!r} is not one of the config's methods ({', '.join(methods)})"
-        for method in config["finetune"]["stages_of"]
+        f"{key}: {method!r} is not one of the config's methods ({', '.join(methods)})"
+        for key, method in named
         if method not in methods
     ]
 

@@ -405,9 +405,9 @@ def to_markdown(
     if "n_seeds" in table and (table["n_seeds"] > 1).any():
         seeds = sorted({s for v in table["seeds"].dropna() for s in str(v).split()}, key=int)
         notes.append(
-            f"Fine-tuned rows: mean ± sample standard deviation over seeds {', '.join(seeds)} "
-            "(the pre-trained encoders are shared by all seeds); the paired test pairs each query's "
-            "values per seed both rows have"
+            f"Fine-tuned rows: mean ± sample standard deviation over each row's seeds (of {', '.join(seeds)}; "
+            "a row without ± has one; the pre-trained encoders are shared by all seeds); the paired "
+            "test pairs each query's values per seed both rows have"
             + (
                 ", and counts the seeds' spread beside the queries' (a two-way random-effects test)."
                 if test == "t-test"

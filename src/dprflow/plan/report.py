@@ -40,7 +40,7 @@ class ReportPlan(UnderResults):
             (c, m, seed, stage)
             for c in self.rows.training_collections()
             for m in self.config["methods"]
-            for seed in self.rows.seeds()
+            for seed in self.rows.seeds(m)
             for stage in self.rows.stages(m)
         ]
 
@@ -70,7 +70,7 @@ class ReportPlan(UnderResults):
             for c in self.rows.training_collections()
             for m in self.config["methods"]
             if {"r1", "r2"} <= set(self.rows.stages(m))
-            for s in self.rows.seeds()
+            for s in self.rows.seeds(m)
         ]
 
     def pretrained_models(self, collection: str, method: str) -> list[str]:
@@ -95,7 +95,7 @@ class ReportPlan(UnderResults):
                 dirs += self.pretrained_models(c, m)
                 dirs += [
                     self.path(c, trained(m, seed, s), "model")
-                    for seed in self.rows.seeds()
+                    for seed in self.rows.seeds(m)
                     for s in self.rows.stages(m)
                 ]
         return list(dict.fromkeys(dirs))

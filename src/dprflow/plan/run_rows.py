@@ -22,6 +22,7 @@ class RunRows:
         self.methods = list(config["methods"])
         self.finetune = config["finetune"]
         self.top_seeds = config["seeds"]
+        self.seeds_of = config.get("seeds_of") or {}
         self.references = list(references)
 
     def training_collections(self) -> list[str]:
@@ -35,8 +36,11 @@ class RunRows:
         targets = dict.fromkeys(self.collections[collection]["evaluate_on"] + evaluate_only)
         return [c for c in targets if c != collection]
 
-    def seeds(self) -> list[int]:
-        """The fine-tuning seeds: the top-level seeds list, else finetune.seed alone."""
+    def seeds(self, method: str | None = None) -> list[int]:
+        """The fine-tuning seeds of ``method`` (seeds_of), else of every method: the top-level
+        seeds list, else finetune.seed alone."""
+        if method in self.seeds_of:
+            return list(self.seeds_of[method])
         return self.top_seeds or [self.finetune["seed"]]
 
     def stages(self, method: str) -> list[str]:
@@ -51,7 +55,7 @@ class RunRows:
         return [rows.BM25, rows.OFF_THE_SHELF] + [rows.zeroshot(r) for r in self.references]
 
     def _fine_tuned(self, method: str, stages: list[str]) -> list[str]:
-        return [rows.trained(method, seed, s) for seed in self.seeds() for s in stages]
+        return [rows.trained(method, seed, s) for seed in self.seeds(method) for s in stages]
 
     def trained(self) -> list[str]:
         """Rows trained on a collection: a method's pre-trained encoder as it is (Contriever) and

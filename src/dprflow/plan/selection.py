@@ -61,15 +61,23 @@ class SelectionPlan(UnderResults):
         """A path in the folder of the job's method and seed."""
         return self.path(wildcards.collection, wildcards.method, rows.seed_folder(wildcards.seed), *parts)
 
-    def choosing_seed(self, seed: int | str) -> int | str:
+    def choosing_method(self, method: str) -> str:
+        """The method whose grids choose ``method``'s settings: its own, or finetune.select.by's
+        (one recipe for every method, chosen on that method's held-out scores)."""
+        return self.select["by"] or method
+
+    def choosing_seed(self, method: str, seed: int | str) -> int | str:
         """The seed whose grids choose a seed's settings: its own, or with
-        finetune.select.per_seed false the run's first (every seed then trains with one choice)."""
-        return seed if self.select["per_seed"] else self.rows.seeds()[0]
+        finetune.select.per_seed false the choosing method's first (every seed then trains with
+        one choice)."""
+        return seed if self.select["per_seed"] else self.rows.seeds(self.choosing_method(method))[0]
 
     def chosen_file(self, wildcards, *parts: str) -> str:
-        """A choice a row of the job's seed reads, in its choosing seed's select/ folder."""
-        seed = rows.seed_folder(self.choosing_seed(wildcards.seed))
-        return self.path(wildcards.collection, wildcards.method, seed, "select", *parts)
+        """A choice a row of the job's method and seed reads, in the select/ folder of its choosing
+        method and seed."""
+        seed = rows.seed_folder(self.choosing_seed(wildcards.method, wildcards.seed))
+        method = self.choosing_method(wildcards.method)
+        return self.path(wildcards.collection, method, seed, "select", *parts)
 
     def selection_file(self, wildcards) -> list[str]:
         """The selection.json files a retriever reads, where grids choose: r1, r2 and the
@@ -371,12 +379,13 @@ class SelectionPlan(UnderResults):
 
     def fusion_file(self, wildcards) -> str:
         """Where a fused row's weight was chosen: with the model off the shelf's held-out run for
-        a zeroshot row, else with retriever 1 of the chosen grid point trained on the fit part."""
-        base = self.path(wildcards.collection, wildcards.method)
+        a zeroshot row, else with retriever 1 of the chosen grid point trained on the fit part
+        (the choosing method's and seed's, as the row's settings)."""
         if wildcards.fused == rows.ZEROSHOT:
-            return f"{base}/{rows.ZEROSHOT}/fusion.json"
+            return self.path(wildcards.collection, wildcards.method, rows.ZEROSHOT, "fusion.json")
         seed = wildcards.fused.split("/")[0].removeprefix(rows.SEED_PREFIX)
-        return f"{base}/{rows.seed_folder(self.choosing_seed(seed))}/select/fusion.json"
+        row = SimpleNamespace(collection=wildcards.collection, method=wildcards.method, seed=seed)
+        return self.chosen_file(row, "fusion.json")
 
     def fused_inputs(self, wildcards) -> dict[str, str]:
         """The dense run, BM25's run of the same queries and, for the convex combination, the
@@ -415,10 +424,10 @@ class SelectionPlan(UnderResults):
                 files += [
                     self.chosen_file(SimpleNamespace(collection=c, method=m, seed=s), "selection.json")
                     for m in self.methods
-                    for s in self.rows.seeds()
+                    for s in self.rows.seeds(m)
                 ]
             for m in self.methods:
-                for s in self.rows.seeds():
+                for s in self.rows.seeds(m):
                     seed = SimpleNamespace(collection=c, method=m, seed=s)
                     if self.selects_negatives(m):
                         files.append(self.chosen_file(seed, NEGATIVES_GRID, "selection.json"))
