@@ -200,3 +200,28 @@ def test_the_mlm_study_scores_every_row_in_its_papers_geometry(plans):
     assert flag(base, "out") == "results/pretrain/mlm/model"
     assert flag(control, "out") == "results/scifact/mlm/pretrain/model"
     assert flag(control, "init") == "results/pretrain/mlm/model" and "--pooling" not in control
+
+
+def test_the_mlm_study_seeds_its_claims_rows_and_chooses_one_recipe_with_none(plans):
+    """methods-scifact-mlm.yaml (issue 54, docs/methods-study.md): the learning rate is chosen once,
+    by none's three grid points on the fit part, and every row of every method and seed reads that
+    choice; the rows of "the objective, not the text" and none/r1 fine-tune with seeds 13-15, every
+    other row (retriever 2 included) with seed 13 alone."""
+    _, lines = plans("methods-scifact-mlm")
+    train = [x for x in lines if "dprflow.stages.train_retriever" in x]
+    points = [x for x in train if "/select/" in flag(x, "out")]
+    assert len(points) == 3 and all(
+        flag(x, "out").startswith("results/scifact/none/seed-13/select/") for x in points
+    )
+    assert sorted(float(flag(x, "learning-rate")) for x in points) == [1e-4, 2e-4, 4e-4]
+    seeds: dict[str, set[int]] = {}
+    for line in train:
+        if line in points:
+            continue
+        assert "--selection results/scifact/none/seed-13/select/selection.json" in line
+        method, seed, stage = flag(line, "out").split("/")[2:5]
+        seeds.setdefault(f"{method}/{stage}", set()).add(int(seed.removeprefix("seed-")))
+    seeded = {f"{m}/r1" for m in ("none", "mlm", "cocondenser", "bmae", "cdmae", "cotmae")}
+    assert {row for row, s in seeds.items() if s == {13, 14, 15}} == seeded
+    assert all(s == {13} for row, s in seeds.items() if row not in seeded)
+    assert len(seeds) == 11 + 3  # every method's r1, and r2 of none, cocondenser and cotmae

@@ -80,6 +80,17 @@ def test_seeds_of_gives_a_method_its_own_seeds():
     assert plan.comparison()[-4:] == ["none/r1", "condenser/r1", "none/r1+bm25", "condenser/r1+bm25"]
 
 
+def test_a_row_of_seeds_of_gives_that_row_its_seeds_and_the_method_s_other_rows_the_run_s():
+    plan = RunRows(config(fusion_rows=["r1"], seeds_of={"none/r1": [13, 14]}), [])
+    assert plan.seeds("none", "r1") == [13, 14] and plan.seeds("none", "r2") == [13]
+    assert plan.seeds("none") == [13, 14]
+    assert plan.trained() == ["none/seed-13/r1", "none/seed-13/r2", "none/seed-14/r1"]
+    assert plan.fused() == ["none/seed-13/r1+bm25", "none/seed-14/r1+bm25"]
+    # a row key wins over its method's
+    plan = RunRows(config(seeds_of={"none": [1, 2], "none/r2": [1]}), [])
+    assert plan.trained() == ["none/seed-1/r1", "none/seed-1/r2", "none/seed-2/r1"]
+
+
 def test_transfer_scores_the_trained_rows_on_the_targets_in_the_training_collection_s_folder():
     collections = {
         "a": {"evaluate_only": False, "evaluate_on": ["b", "a"]},

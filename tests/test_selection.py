@@ -552,20 +552,22 @@ def test_one_choice_serves_every_seed_when_per_seed_is_false(tmp_path):
 
 
 def test_one_method_chooses_for_every_method_with_select_by(tmp_path):
-    """finetune.select.by none, per_seed false, seeds_of giving none and cocondenser three seeds
-    (issue 54's design): the grid trains under none's seed 13 only; every row of both methods reads
-    that choice, and cocondenser's fused rows none's fusion.json."""
+    """finetune.select.by none, per_seed false, seeds_of giving none's retriever 1 and every row of
+    cocondenser three seeds (issue 54's design): the grid trains under none's seed 13 only; every
+    row of both methods reads that choice, and cocondenser's fused rows none's fusion.json."""
     overrides = SELECTION.replace("methods: [none]", "methods: [none, cocondenser]")
     overrides = overrides.replace("  fusion:", "    by: none\n    per_seed: false\n  fusion:")
-    overrides += "seeds_of: {none: [13, 14, 15], cocondenser: [13, 14, 15]}\n"
+    overrides += "seeds_of: {none/r1: [13, 14, 15], cocondenser: [13, 14, 15]}\n"
     commands = commands_by_rule(all_methods_plan(tmp_path, overrides))
     train = commands["train_retriever"]
     points = [c for c in train if "/select/" in c.split("--out ")[1].split()[0]]
     assert len(points) == 2 and all("/none/seed-13/select/" in c for c in points)
     rows = [c for c in train if c not in points]
-    assert len(rows) == 2 * 3 * 2 and all(
+    # none: r1 of seeds 13-15 and r2 of seed 13; cocondenser: r1 and r2 of each seed
+    assert len(rows) == 4 + 6 and all(
         "--selection results/stdlib/none/seed-13/select/selection.json" in c for c in rows
     )
+    assert len(commands["export_model"]) == 10 and len(commands["nb_recall"]) == 1 + 3
     fused = [c for c in commands["fuse"] if "/cocondenser/seed-" in c]
     assert len(fused) == 3 and all(
         "--fusion results/stdlib/none/seed-13/select/fusion.json" in c for c in fused
@@ -600,6 +602,8 @@ def test_one_method_chooses_for_every_method_with_select_by(tmp_path):
         ("finetune.select.by", "cdmae", "finetune.select.by: 'cdmae' is not one of the config's methods"),
         ("seeds_of", {"cdmae": [13, 14]}, "seeds_of.cdmae: 'cdmae' is not one of the config's methods"),
         ("seeds_of", {"none": []}, "seeds_of"),
+        ("seeds_of", {"none/r3": [1]}, "seeds_of"),
+        ("seeds_of", {"none/rerank": [1, 2]}, "seeds_of.none/rerank: none fine-tunes no 'rerank' row"),
     ],
 )
 def test_bad_selection_settings_are_refused_naming_the_key(key, value, message):

@@ -676,15 +676,23 @@ def _check_stages(config: dict) -> list[str]:
     """finetune.stages_of, seeds_of and finetune.select.by name methods of the config."""
     methods = config["methods"]
     named = [(f"finetune.stages_of.{m}", m) for m in config["finetune"]["stages_of"]]
-    named += [(f"seeds_of.{m}", m) for m in config["seeds_of"]]
+    named += [(f"seeds_of.{key}", key.split("/")[0]) for key in config["seeds_of"]]
     by = config["finetune"]["select"]["by"]
     if by is not None:
         named.append(("finetune.select.by", by))
-    return [
+    problems = [
         f"{key}: {method!r} is not one of the config's methods ({', '.join(methods)})"
         for key, method in named
         if method not in methods
     ]
+    for key in config["seeds_of"]:  # a method, or one of its rows: <method>/<stage>
+        method, _, stage = key.partition("/")
+        own = config["finetune"]["stages_of"].get(method, config["finetune"]["stages"])
+        if method in methods and stage and stage not in own:
+            problems.append(
+                f"seeds_of.{key}: {method} fine-tunes no {stage!r} row (its stages: {', '.join(own)})"
+            )
+    return problems
 
 
 def _check_values(config: dict, model_keys: tuple[str, ...], check_paths: bool = True) -> list[str]:

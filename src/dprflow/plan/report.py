@@ -42,6 +42,7 @@ class ReportPlan(UnderResults):
             for m in self.config["methods"]
             for seed in self.rows.seeds(m)
             for stage in self.rows.stages(m)
+            if seed in self.rows.seeds(m, stage)
         ]
 
     # ---- the comparison ------------------------------------------------------------------------
@@ -70,7 +71,7 @@ class ReportPlan(UnderResults):
             for c in self.rows.training_collections()
             for m in self.config["methods"]
             if {"r1", "r2"} <= set(self.rows.stages(m))
-            for s in self.rows.seeds(m)
+            for s in self.rows.seeds(m, "r2")
         ]
 
     def pretrained_models(self, collection: str, method: str) -> list[str]:
@@ -97,6 +98,7 @@ class ReportPlan(UnderResults):
                     self.path(c, trained(m, seed, s), "model")
                     for seed in self.rows.seeds(m)
                     for s in self.rows.stages(m)
+                    if seed in self.rows.seeds(m, s)
                 ]
         return list(dict.fromkeys(dirs))
 

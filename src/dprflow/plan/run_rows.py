@@ -36,12 +36,18 @@ class RunRows:
         targets = dict.fromkeys(self.collections[collection]["evaluate_on"] + evaluate_only)
         return [c for c in targets if c != collection]
 
-    def seeds(self, method: str | None = None) -> list[int]:
-        """The fine-tuning seeds of ``method`` (seeds_of), else of every method: the top-level
-        seeds list, else finetune.seed alone."""
-        if method in self.seeds_of:
-            return list(self.seeds_of[method])
-        return self.top_seeds or [self.finetune["seed"]]
+    def seeds(self, method: str | None = None, stage: str | None = None) -> list[int]:
+        """The fine-tuning seeds of ``method``'s row ``stage``: seeds_of's for the row
+        (``<method>/<stage>``), else for the method, else the run's (the top-level seeds list, else
+        finetune.seed alone); without a stage, every seed of any of the method's rows, in order."""
+        if method is None:
+            return list(self.top_seeds or [self.finetune["seed"]])
+        if stage is None:
+            return list(dict.fromkeys(seed for s in self.stages(method) for seed in self.seeds(method, s)))
+        for key in (f"{method}/{stage}", method):
+            if key in self.seeds_of:
+                return list(self.seeds_of[key])
+        return self.seeds()
 
     def stages(self, method: str) -> list[str]:
         """The fine-tuned stages of ``method`` (finetune.stages_of, else finetune.stages), in the
@@ -55,7 +61,12 @@ class RunRows:
         return [rows.BM25, rows.OFF_THE_SHELF] + [rows.zeroshot(r) for r in self.references]
 
     def _fine_tuned(self, method: str, stages: list[str]) -> list[str]:
-        return [rows.trained(method, seed, s) for seed in self.seeds(method) for s in stages]
+        return [
+            rows.trained(method, seed, s)
+            for seed in self.seeds(method)
+            for s in stages
+            if seed in self.seeds(method, s)
+        ]
 
     def trained(self) -> list[str]:
         """Rows trained on a collection: a method's pre-trained encoder as it is (Contriever) and
