@@ -41,7 +41,7 @@ def probe_config(config: dict, init: str, steps: int) -> tuple[dict, str]:
     (trained,) = [c for c, spec in config["collections"].items() if not spec.get("evaluate_only")]
     config["collections"] = {trained: config["collections"][trained]}
     pt = config.setdefault("pretrain", {})
-    for stage in ("condenser", "cocondenser", "contriever"):
+    for stage in ("condenser", "cocondenser", "contriever", "mlm"):
         pt.setdefault(stage, {})["max_steps"] = steps
     mae = pt.setdefault("mae", {})
     for part in ("generic", "corpus"):
@@ -52,6 +52,17 @@ def probe_config(config: dict, init: str, steps: int) -> tuple[dict, str]:
     ft = config.setdefault("finetune", {})
     ft["stages"], ft["stages_of"] = ["r1"], {}
     ft.setdefault("retriever", {})["max_steps"] = steps
+    # one seed, no grid, nothing fused: each row's r1 once, as configured (a grid point trains at
+    # the rate of the row it stands for)
+    config.pop("seeds", None)
+    config.pop("seeds_of", None)
+    ft["select"] = {key: value for key, value in ft.get("select", {}).items() if key in ("metric", "seed")}
+    ft["fusion"] = {"rows": []}
+    # the references the probe's rows still have (it trains no retriever 2)
+    ev = config.setdefault("evaluation", {})
+    ev["also_against"] = [
+        r for r in ev.get("also_against", []) if not r.endswith(("/r2", "/rerank", "/distill"))
+    ]
     return config, trained
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from local_inputs import beir_folder
+from local_inputs import beir_folder, model_folder
 from snakemake_cli import snakemake as run_snakemake
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,9 +63,11 @@ def documented_budgets(header: str = HEADER) -> list[dict[str, str]]:
     return rows
 
 
-def planned_commands(name: str, tmp_path: Path) -> tuple[str, list[str]]:
-    """The collection's name and the shell lines of the config's whole DAG."""
-    config = yaml.safe_load((ROOT / "config" / "examples" / f"{name}.yaml").read_text())
+def planned_commands(name: str, tmp_path: Path, config: dict | None = None) -> tuple[str, list[str]]:
+    """The collection's name and the shell lines of the config's whole DAG (``config``: the
+    example's, edited, in place of its file)."""
+    if config is None:
+        config = yaml.safe_load((ROOT / "config" / "examples" / f"{name}.yaml").read_text())
     # The trained collection; others (evaluate_only, for transfer) move to the same tiny folder.
     (collection,) = [c for c, spec in config["collections"].items() if not spec.get("evaluate_only")]
     folder = str(beir_folder(tmp_path / "beir"))
@@ -225,3 +227,29 @@ def test_the_mlm_study_seeds_its_claims_rows_and_chooses_one_recipe_with_none(pl
     assert {row for row, s in seeds.items() if s == {13, 14, 15}} == seeded
     assert all(s == {13} for row, s in seeds.items() if row not in seeded)
     assert len(seeds) == 11 + 3  # every method's r1, and r2 of none, cocondenser and cotmae
+
+
+def test_the_probe_cuts_every_training_stage_of_the_mlm_study(tmp_path):
+    """bench/bench_study_probes.py's cut of methods-scifact-mlm.yaml: every training stage at the
+    probe's steps (method mlm's included), each method's retriever 1 once, no grid point, no seed
+    but 13 and nothing fused."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import bench_study_probes
+
+    study = yaml.safe_load((ROOT / "config" / "examples" / "methods-scifact-mlm.yaml").read_text())
+    init = str(model_folder(tmp_path / "base"))
+    config, trained = bench_study_probes.probe_config(study, init, 7)
+    assert trained == "scifact" and "seeds_of" not in config
+    _, lines = planned_commands("probe", tmp_path, config)
+    steps = [
+        flag(x, "max-steps")
+        for x in lines
+        if re.match(r"python -m dprflow\.stages\.(pretrain_(?!tokenize)|train_)", x)
+    ]
+    assert steps and set(steps) == {"7"}, steps
+    rows = [flag(x, "out") for x in lines if "dprflow.stages.train_retriever" in x]
+    assert sorted(rows) == sorted(f"results/scifact/{m}/seed-13/r1/model" for m in study["methods"])
+    assert not [x for x in lines if "dprflow.stages.fuse" in x]
+    # the base is the probe's init, not trained again: method mlm's stage is the one MLM training
+    (mlm,) = [x for x in lines if "dprflow.stages.pretrain_mlm" in x]
+    assert flag(mlm, "init") == init and flag(mlm, "out") == "results/scifact/mlm/pretrain/model"
