@@ -676,7 +676,8 @@ def _check_stages(config: dict) -> list[str]:
     """finetune.stages_of, seeds_of and finetune.select.by name methods of the config."""
     methods = config["methods"]
     named = [(f"finetune.stages_of.{m}", m) for m in config["finetune"]["stages_of"]]
-    named += [(f"seeds_of.{key}", key.split("/")[0]) for key in config["seeds_of"]]
+    rows = {key: key.partition("/")[::2] for key in config["seeds_of"]}  # a method, or <method>/<stage>
+    named += [(f"seeds_of.{key}", method) for key, (method, _) in rows.items()]
     by = config["finetune"]["select"]["by"]
     if by is not None:
         named.append(("finetune.select.by", by))
@@ -685,8 +686,7 @@ def _check_stages(config: dict) -> list[str]:
         for key, method in named
         if method not in methods
     ]
-    for key in config["seeds_of"]:  # a method, or one of its rows: <method>/<stage>
-        method, _, stage = key.partition("/")
+    for key, (method, stage) in rows.items():
         own = config["finetune"]["stages_of"].get(method, config["finetune"]["stages"])
         if method in methods and stage and stage not in own:
             problems.append(

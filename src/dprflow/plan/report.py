@@ -40,9 +40,7 @@ class ReportPlan(UnderResults):
             (c, m, seed, stage)
             for c in self.rows.training_collections()
             for m in self.config["methods"]
-            for seed in self.rows.seeds(m)
-            for stage in self.rows.stages(m)
-            if seed in self.rows.seeds(m, stage)
+            for seed, stage in self.rows.seeded_stages(m)
         ]
 
     # ---- the comparison ------------------------------------------------------------------------
@@ -94,12 +92,7 @@ class ReportPlan(UnderResults):
         for c in self.rows.training_collections():
             for m in self.config["methods"]:
                 dirs += self.pretrained_models(c, m)
-                dirs += [
-                    self.path(c, trained(m, seed, s), "model")
-                    for seed in self.rows.seeds(m)
-                    for s in self.rows.stages(m)
-                    if seed in self.rows.seeds(m, s)
-                ]
+                dirs += [self.path(c, trained(m, seed, s), "model") for seed, s in self.rows.seeded_stages(m)]
         return list(dict.fromkeys(dirs))
 
     # ---- the report's record and make check ----------------------------------------------------

@@ -60,13 +60,17 @@ class RunRows:
         model off the shelf; every collection scores its own."""
         return [rows.BM25, rows.OFF_THE_SHELF] + [rows.zeroshot(r) for r in self.references]
 
-    def _fine_tuned(self, method: str, stages: list[str]) -> list[str]:
+    def seeded_stages(self, method: str) -> list[tuple[int, str]]:
+        """(seed, stage) of every fine-tuned row of ``method``, seed by seed in the pipeline's order."""
         return [
-            rows.trained(method, seed, s)
+            (seed, s)
             for seed in self.seeds(method)
-            for s in stages
+            for s in self.stages(method)
             if seed in self.seeds(method, s)
         ]
+
+    def _fine_tuned(self, method: str, stages: list[str]) -> list[str]:
+        return [rows.trained(method, seed, s) for seed, s in self.seeded_stages(method) if s in stages]
 
     def trained(self) -> list[str]:
         """Rows trained on a collection: a method's pre-trained encoder as it is (Contriever) and
