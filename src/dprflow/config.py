@@ -676,8 +676,8 @@ def _check_stages(config: dict) -> list[str]:
     """finetune.stages_of, seeds_of and finetune.select.by name methods of the config."""
     methods = config["methods"]
     named = [(f"finetune.stages_of.{m}", m) for m in config["finetune"]["stages_of"]]
-    rows = {key: key.partition("/")[::2] for key in config["seeds_of"]}  # a method, or <method>/<stage>
-    named += [(f"seeds_of.{key}", method) for key, (method, _) in rows.items()]
+    split = {key: key.partition("/") for key in config["seeds_of"]}  # a method, or <method>/<stage>
+    named += [(f"seeds_of.{key}", method) for key, (method, _, _) in split.items()]
     by = config["finetune"]["select"]["by"]
     if by is not None:
         named.append(("finetune.select.by", by))
@@ -686,7 +686,7 @@ def _check_stages(config: dict) -> list[str]:
         for key, method in named
         if method not in methods
     ]
-    for key, (method, stage) in rows.items():
+    for key, (method, _, stage) in split.items():
         own = config["finetune"]["stages_of"].get(method, config["finetune"]["stages"])
         if method in methods and stage and stage not in own:
             problems.append(

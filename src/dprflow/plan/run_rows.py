@@ -62,22 +62,15 @@ class RunRows:
 
     def seeded_stages(self, method: str) -> list[tuple[int, str]]:
         """(seed, stage) of every fine-tuned row of ``method``, seed by seed in the pipeline's order."""
-        return [
-            (seed, s)
-            for seed in self.seeds(method)
-            for s in self.stages(method)
-            if seed in self.seeds(method, s)
-        ]
-
-    def _fine_tuned(self, method: str, stages: list[str]) -> list[str]:
-        return [rows.trained(method, seed, s) for seed, s in self.seeded_stages(method) if s in stages]
+        stages = self.stages(method)
+        return [(seed, s) for seed in self.seeds(method) for s in stages if seed in self.seeds(method, s)]
 
     def trained(self) -> list[str]:
         """Rows trained on a collection: a method's pre-trained encoder as it is (Contriever) and
         each method's fine-tuned stages once per seed."""
         out = [rows.zeroshot(m) for m in self.methods if m in ZEROSHOT_METHODS]
         for method in self.methods:
-            out += self._fine_tuned(method, self.stages(method))
+            out += [rows.trained(method, seed, s) for seed, s in self.seeded_stages(method)]
         return out
 
     def fused(self) -> list[str]:
@@ -88,7 +81,7 @@ class RunRows:
         if rows.ZEROSHOT in chosen:
             dense += [rows.zeroshot(m) for m in ["none", *(m for m in self.methods if m in ZEROSHOT_METHODS)]]
         for method in self.methods:
-            dense += self._fine_tuned(method, [s for s in self.stages(method) if s in chosen])
+            dense += [rows.trained(method, seed, s) for seed, s in self.seeded_stages(method) if s in chosen]
         return [rows.fused(row) for row in dense]
 
     def systems(self) -> list[str]:
