@@ -14,6 +14,7 @@ from dry_runs import all_methods_plan, commands_by_rule
 
 from dprflow.data.schemas import read_table, write_table
 from dprflow.errors import StageError
+from dprflow.finetuning.grid_edges import describe, grid_edges
 from dprflow.finetuning.selection import (
     apply_selections,
     apply_settings,
@@ -274,7 +275,24 @@ def test_too_few_heldout_queries_stop_the_split_naming_the_keys(collection, caps
     assert heldout_queries.main(argv) == (0 if "6" in flags else 1)
 
 
-def test_select_settings_picks_the_known_winner_and_weight(collection):
+def test_a_choice_at_a_grid_s_edge_is_named():
+    grid = [{"learning_rate": r, "epochs": e, "shared": True} for r in (1e-4, 2e-4, 4e-4) for e in (4, 8)]
+    assert grid_edges(grid, {"learning_rate": 4e-4, "epochs": 4, "shared": True}) == {
+        "learning_rate": "highest",
+        "epochs": "lowest",
+    }
+    assert grid_edges(grid, {"learning_rate": 2e-4, "epochs": 8, "shared": True}) == {"epochs": "highest"}
+    # one value of a setting, or none ordered, is no edge
+    assert grid_edges([{"alpha": 0.5}], {"alpha": 0.5}) == {}
+    assert grid_edges([{"pooling": "cls"}, {"pooling": "mean"}], {"pooling": "mean"}) == {}
+    assert grid_edges([{"a": False}, {"a": True}], {"a": True}) == {}
+    assert describe({"learning_rate": "highest", "epochs": "lowest"}) == (
+        "at the grid's highest learning_rate and lowest epochs"
+    )
+    assert describe({}) == ""
+
+
+def test_select_settings_picks_the_known_winner_and_weight(collection, caplog):
     out = collection / "heldout.parquet"
     heldout_queries.main(
         [
@@ -337,6 +355,7 @@ def test_select_settings_picks_the_known_winner_and_weight(collection):
         ]
     )
     assert code == 0
+    assert "learning_rate=5e-05 is at the grid's highest learning_rate" in caplog.text
     selection = json.loads(selection_path.read_text())
     assert selection["retriever"]["best"] == "learning_rate=5e-05"
     assert selection["retriever"]["settings"] == {"learning_rate": 5e-5}
@@ -358,8 +377,8 @@ def test_select_settings_picks_the_known_winner_and_weight(collection):
     md = compare.selections_markdown([str(selection_path), str(reranker_path)], collection)
     assert "| retriever settings | learning_rate=2e-05: 0.6300, learning_rate=5e-05: 1.0000 |" in md
     assert (
-        "| reranker settings | epochs=1: 0.6300, epochs=2: 1.0000 | epochs=2 (by 0.3700; BM25 alone 0.5000) |"
-        in md
+        "| reranker settings | epochs=1: 0.6300, epochs=2: 1.0000 |"
+        " epochs=2 (by 0.3700; BM25 alone 0.5000; at the grid's highest epochs) |" in md
     )
 
     # the weight: with the chosen point's run (b), not the first point's

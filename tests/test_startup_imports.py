@@ -86,6 +86,7 @@ LIGHT_LIBRARY = (
     "dprflow.evaluation.report",
     "dprflow.evaluation.plots",
     "dprflow.finetuning.selection",
+    "dprflow.finetuning.grid_edges",
     "dprflow.search.fusion",
     "dprflow.pretraining.documents",
     "dprflow.pretraining.mae.pmi",

@@ -20,6 +20,7 @@ from dprflow.data.schemas import read_table
 from dprflow.errors import StageError
 from dprflow.evaluation.compare import SIGNIFICANCE_TESTS, build_comparison, to_markdown
 from dprflow.files import atomic_path
+from dprflow.finetuning.grid_edges import describe, grid_edges
 from dprflow.plan.rows import BM25, OFF_THE_SHELF, split_seed, split_transfer
 
 log = logging.getLogger("dprflow.compare")
@@ -180,6 +181,9 @@ def selections_markdown(paths: list[str], results: Path) -> str:
             best = f"{grid['best']} (by {grid['margin']:.4f}"
             if "first_stage" in grid:  # what the points reranked, alone
                 best += f"; BM25 alone {grid['first_stage']:.4f}"
+            edges = grid_edges([p["settings"] for p in grid["points"]], grid["settings"])
+            if edges:
+                best += f"; {describe(edges)}"
             lines.append(f"| {where} | {what} | {tried} | {best}) |")
         if "weights" in chosen:  # select_fusion's fusion.json
             tried = ", ".join(

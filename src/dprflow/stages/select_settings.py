@@ -9,7 +9,9 @@ reranked, so that the comparison shows whether reranking helped at all), which t
 (``--selection``),
 the fusion weight's choice (stage ``select_fusion``) and the comparison read
 (docs/selection.md). The fusion weight is chosen in a job of its own, so that a change to the
-fusion retrains no retriever.
+fusion retrains no retriever. A winner at an edge of its grid (the largest or smallest value of a
+setting, :mod:`dprflow.finetuning.grid_edges`) is logged as a warning; selection.json stays as it
+was, so that the warning retrains nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dprflow.cli import run_stage
 from dprflow.data.schemas import read_table
 from dprflow.errors import StageError
 from dprflow.files import atomic_path
+from dprflow.finetuning.grid_edges import describe, grid_edges
 from dprflow.finetuning.selection import SECTION_KEYS, best_point, point_name
 
 log = logging.getLogger("dprflow.select_settings")
@@ -78,6 +81,9 @@ def select(args: Args) -> dict:
         chosen["first_stage"] = mean_metric(args.first_stage, args.metric)
     selection = {"metric": args.metric, args.section: chosen}
     log.info("held-out %s: %s; best %s", args.metric, values, best)
+    edges = grid_edges(grid, settings)
+    if edges:  # the grid may not bracket the best (docs/selection.md)
+        log.warning("%s is %s: a wider grid might do better", best, describe(edges))
     with atomic_path(args.out) as tmp, open(tmp, "w") as fh:
         json.dump(selection, fh, indent=2)
     return {"best": best, "value": values[best]}
